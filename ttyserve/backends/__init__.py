@@ -1,0 +1,1 @@
+"""Backends: where session processes run. `base` is the interface, `local` runs them here."""

@@ -1,0 +1,86 @@
+"""The small interface between the session adapter and whatever runs processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..protocol.messages import Exit
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """What to run and how: the validated members of an `open`."""
+
+    argv: list[str]
+    pty: bool = True
+    rows: int = 24
+    cols: int = 80
+    term: str = "xterm-256color"
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+class OutputSource(Protocol):
+    """One output stream of a process (stdout, or stderr in pipe mode)."""
+
+    async def receive(self) -> bytes:
+        """The next chunk of output; ``b""`` at end of file."""
+        ...
+
+    def receive_nowait(self) -> bytes:
+        """What can be read right now without waiting; ``b""`` when nothing is buffered."""
+        ...
+
+
+class ProcessHandle(Protocol):
+    """A started process. The session adapter owns it and must call `aclose`."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdout(self) -> OutputSource: ...
+
+    @property
+    def stderr(self) -> OutputSource | None: ...
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Write to the process's stdin or terminal; raises anyio.BrokenResourceError if gone."""
+        ...
+
+    async def send_eof(self) -> None:
+        """Pipe: close stdin. PTY: type the terminal's end-of-file character."""
+        ...
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal's window size (PTY only; pipes ignore it)."""
+        ...
+
+    def send_signal(self, signum: int) -> None:
+        """PTY: to the terminal's foreground process group; pipe: to the process group."""
+        ...
+
+    def hang_up(self) -> None:
+        """SIGHUP (then SIGCONT) to the session's process group: a graceful shutdown's request."""
+        ...
+
+    async def wait(self) -> Exit:
+        """Reap the process and return its status as the wire `exit` (never raises)."""
+        ...
+
+    async def terminate(self) -> Exit:
+        """The cancel path: SIGHUP the group, SIGKILL after a grace, reap."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release every descriptor; terminates first if the process was not reaped."""
+        ...
+
+
+class Backend(Protocol):
+    """Starts processes for sessions."""
+
+    async def spawn(self, spec: ProcessSpec) -> ProcessHandle:
+        """Start ``spec``; raises backends.spawn.SpawnError with an errno on failure."""
+        ...

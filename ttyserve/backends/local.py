@@ -1,0 +1,298 @@
+"""Processes on this host, under a PTY or plain pipes, reaped through pidfds.
+
+Each child is awaited with a pidfd (no thread per child, unlike asyncio's
+default child watcher on 3.11), and every descriptor is non-blocking and
+owned here until `aclose`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import struct
+import termios
+import time
+
+import anyio
+
+from ..exitcodes import exit_from_wait_error, exit_from_wait_status
+from ..protocol.messages import Exit
+from .base import ProcessSpec
+from .spawn import Stdio, check_cwd, resolve_executable, spawn
+
+READ_SIZE = 256 * 1024  # one frame per wake-up: a pipe holds 64 KiB, a PTY read gives ~4 KiB
+KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
+_POLL = 0.02  # group members that are not our children can only be polled
+
+
+def _set_nonblocking(fd: int) -> None:
+    os.set_blocking(fd, False)
+
+
+class FdSource:
+    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.eof = False
+
+    def _read(self, limit: int) -> bytes | None:
+        """Up to ``limit`` bytes now; None when nothing is buffered."""
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and not self.eof:
+            try:
+                chunk = os.read(self.fd, limit - size)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if not chunks:
+            return b"" if self.eof else None
+        return b"".join(chunks)
+
+    async def receive(self) -> bytes:
+        while True:
+            data = self._read(READ_SIZE)
+            if data is not None:
+                return data
+            await anyio.wait_readable(self.fd)
+
+    def receive_nowait(self) -> bytes:
+        return self._read(READ_SIZE) or b""
+
+
+class LocalProcess:
+    """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind."""
+
+    def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self._stdin_fd: int | None = stdin_fd
+        self._status: Exit | None = None
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError as exc:  # already reaped behind our back (SIGCHLD ignored)
+            self._status = exit_from_wait_error(exc)
+        self._wait_lock = anyio.Lock()
+        self._closed = False
+
+    # --- status -------------------------------------------------------------
+
+    def _collect_status(self) -> int | None:
+        """waitpid() without blocking: the raw status, or None while running."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        return status if pid else None
+
+    async def wait(self) -> Exit:
+        async with self._wait_lock:
+            while self._status is None:
+                assert self._pidfd is not None
+                await anyio.wait_readable(self._pidfd)
+                try:
+                    raw = self._collect_status()
+                except OSError as exc:
+                    self._status = exit_from_wait_error(exc)
+                else:
+                    if raw is not None:
+                        self._status = exit_from_wait_status(raw)
+            return self._status
+
+    @property
+    def returned(self) -> bool:
+        return self._status is not None
+
+    # --- control ------------------------------------------------------------
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def send_signal(self, signum: int) -> None:
+        self._signal_group(signum)
+
+    def hang_up(self) -> None:
+        """What a terminal hang-up does: SIGHUP, then SIGCONT so stopped jobs see it."""
+        self._signal_group(signal.SIGHUP)
+        self._signal_group(signal.SIGCONT)
+
+    def resize(self, rows: int, cols: int) -> None:
+        return None
+
+    async def send_stdin(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            fd = self._stdin_fd
+            if fd is None:
+                raise anyio.BrokenResourceError("stdin is closed")
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            view = view[written:]
+
+    async def send_eof(self) -> None:
+        fd, self._stdin_fd = self._stdin_fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)
+            os.close(fd)
+
+    async def hangup(self, grace: float = KILL_GRACE) -> Exit:
+        """SIGHUP and SIGCONT to the group (a hang-up), SIGKILL after ``grace``; reap."""
+        deadline = time.monotonic() + grace
+        if not self.returned:
+            self.hang_up()
+        with anyio.move_on_after(grace):
+            await self.wait()
+            while self._group_alive() and time.monotonic() < deadline:
+                await anyio.sleep(_POLL)
+        self._signal_group(signal.SIGKILL)
+        return await self.wait()
+
+    async def terminate(self) -> Exit:
+        with anyio.CancelScope(shield=True):
+            status = await self.hangup()
+        return status
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._closed:
+                return
+            if not self.returned:
+                await self.hangup()
+            self._closed = True
+            for fd in self._fds():
+                anyio.notify_closing(fd)
+                os.close(fd)
+
+    def _fds(self) -> list[int]:
+        fds = {self.stdout.fd}
+        if self._pidfd is not None:
+            fds.add(self._pidfd)
+        if self.stderr is not None:
+            fds.add(self.stderr.fd)
+        if self._stdin_fd is not None:
+            fds.add(self._stdin_fd)
+        self._stdin_fd = None
+        return sorted(fds)
+
+
+class PipeProcess(LocalProcess):
+    """stdin, stdout and stderr are three pipes; the process leads its own group."""
+
+
+class PtyProcess(LocalProcess):
+    """stdio is a terminal; the master is both the input and the output."""
+
+    def __init__(self, pid: int, master: int) -> None:
+        super().__init__(pid, master, FdSource(master), None)
+        self._master = master
+
+    def resize(self, rows: int, cols: int) -> None:
+        fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def send_signal(self, signum: int) -> None:
+        try:
+            group = os.tcgetpgrp(self._master)
+        except OSError:
+            group = self.pid
+        try:
+            os.killpg(group, signum)
+        except ProcessLookupError:
+            pass
+
+    async def send_eof(self) -> None:
+        veof = termios.tcgetattr(self._master)[6][termios.VEOF]
+        await self.send_stdin(veof if isinstance(veof, bytes) else bytes([veof]))
+
+    def _fds(self) -> list[int]:
+        self._stdin_fd = None
+        return sorted({self._master} | ({self._pidfd} if self._pidfd is not None else set()))
+
+
+def session_environment(spec: ProcessSpec) -> dict[str, str]:
+    """The server's environment, TERM for a PTY, then the client's additions."""
+    env = dict(os.environ)
+    if spec.pty:
+        env["TERM"] = spec.term
+    env.update(spec.env)
+    return env
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+class LocalBackend:
+    """Runs sessions as children of this server process."""
+
+    def __init__(self, default_cwd: str | None = None) -> None:
+        self.default_cwd = default_cwd or os.getcwd()
+
+    def _prepare(self, spec: ProcessSpec) -> tuple[str, dict[str, str], str]:
+        cwd = spec.cwd or self.default_cwd
+        check_cwd(cwd)
+        env = session_environment(spec)
+        return resolve_executable(spec.argv[0], env, cwd), env, cwd
+
+    async def spawn(self, spec: ProcessSpec) -> LocalProcess:
+        executable, env, cwd = self._prepare(spec)
+        if spec.pty:
+            return self._spawn_pty(spec, executable, env, cwd)
+        return self._spawn_pipe(spec, executable, env, cwd)
+
+    def _spawn_pty(self, spec: ProcessSpec, executable: str, env: dict[str, str],
+                   cwd: str) -> PtyProcess:
+        master, slave = os.openpty()
+        try:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", spec.rows, spec.cols, 0, 0))
+            pid = spawn(executable, spec.argv, env, cwd, Stdio(tty_path=os.ttyname(slave)))
+        except BaseException:
+            _close_all([master, slave])
+            raise
+        os.close(slave)
+        _set_nonblocking(master)
+        return PtyProcess(pid, master)
+
+    def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: dict[str, str],
+                    cwd: str) -> PipeProcess:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        child_ends = [stdin_r, stdout_w, stderr_w]
+        try:
+            pid = spawn(executable, spec.argv, env, cwd, Stdio(fds=(stdin_r, stdout_w, stderr_w)))
+        except BaseException:
+            _close_all([*child_ends, stdin_w, stdout_r, stderr_r])
+            raise
+        _close_all(child_ends)
+        for fd in (stdin_w, stdout_r, stderr_r):
+            _set_nonblocking(fd)
+        return PipeProcess(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r))
+

@@ -1,0 +1,152 @@
+"""Start a child with posix_spawn(3): no Python-side fork, exec errors as errno.
+
+Why not subprocess or ptyprocess: a PTY child needs a new session that
+acquires the terminal as its controlling terminal before exec, the session's
+cwd, every signal disposition and the signal mask reset to defaults (a server
+under `nohup` must not hand out an ignored SIGHUP), and exec failures reported
+with their errno. glibc's posix_spawn does all of that in a vfork-style child
+that runs no Python code, so it is safe in a threaded process and fast; os.posix_spawn
+lacks only the chdir file action, so we call libc directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as errnos
+import os
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# glibc <spawn.h> flag values (Linux).
+_SETSIGDEF = 0x04
+_SETSIGMASK = 0x08
+_SETSID = 0x80
+# Opaque glibc types, over-allocated: posix_spawnattr_t is 336 bytes and
+# posix_spawn_file_actions_t 80 bytes on x86-64; sigset_t is 128 bytes.
+_OPAQUE_SIZE = 1024
+
+
+class SpawnError(OSError):
+    """The process could not be started; ``errno`` says why, ``strerror`` for people."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stdio:
+    """What the child gets as fds 0, 1, 2: either a terminal path or three fds."""
+
+    tty_path: str | None = None
+    fds: tuple[int, int, int] | None = None
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    needed = ("posix_spawn", "posix_spawn_file_actions_addchdir_np",
+              "posix_spawnattr_setsigdefault")
+    return libc if all(hasattr(libc, name) for name in needed) else None
+
+
+_libc = _load_libc()
+
+
+def spawn_supported() -> bool:
+    """Whether this platform has the posix_spawn features the backends need."""
+    return _libc is not None
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise SpawnError(result, f"{what}: {os.strerror(result)}")
+
+
+def resolve_executable(name: str, env: Mapping[str, str], cwd: str) -> str:
+    """Find argv[0] as execvp would for the session: its PATH, its cwd.
+
+    Raises SpawnError(ENOENT) when nothing is found and SpawnError(EACCES)
+    when only non-executable candidates exist.
+    """
+    if not name:
+        raise SpawnError(errnos.ENOENT, "empty command name")
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = env.get("PATH", os.defpath)
+        candidates = [os.path.join(d or ".", name) for d in path.split(os.pathsep)]
+    denied = False
+    for candidate in candidates:
+        full = candidate if os.path.isabs(candidate) else os.path.join(cwd, candidate)
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(full, os.X_OK):
+            return full
+        denied = True
+    if denied:
+        raise SpawnError(errnos.EACCES, f"{name}: Permission denied")
+    raise SpawnError(errnos.ENOENT, f"{name}: command not found")
+
+
+def check_cwd(cwd: str) -> None:
+    """Refuse a cwd the child could not enter, naming it."""
+    try:
+        st = os.stat(cwd)
+    except OSError as exc:
+        raise SpawnError(exc.errno or errnos.ENOENT, f"cwd {cwd!r}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise SpawnError(errnos.ENOTDIR, f"cwd {cwd!r}: Not a directory")
+    if not os.access(cwd, os.X_OK):
+        raise SpawnError(errnos.EACCES, f"cwd {cwd!r}: Permission denied")
+
+
+def spawn(
+    executable: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdio: Stdio
+) -> int:
+    """Start ``executable`` in a new session with default signals; return its pid.
+
+    With ``stdio.tty_path`` the child opens the terminal as fds 0-2 after
+    setsid(), which makes it the controlling terminal. All other descriptors
+    are closed in the child.
+    """
+    if _libc is None:
+        raise SpawnError(errnos.ENOSYS, "posix_spawn with chdir is not available here")
+    libc = _libc
+    actions = ctypes.create_string_buffer(_OPAQUE_SIZE)
+    attr = ctypes.create_string_buffer(_OPAQUE_SIZE)
+    sigset = ctypes.create_string_buffer(_OPAQUE_SIZE)
+    _check(libc.posix_spawn_file_actions_init(actions), "file actions")
+    _check(libc.posix_spawnattr_init(attr), "spawn attributes")
+    try:
+        _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)), "chdir")
+        if stdio.tty_path is not None:
+            _check(libc.posix_spawn_file_actions_addopen(
+                actions, 0, os.fsencode(stdio.tty_path), os.O_RDWR, 0), "open tty")
+            _check(libc.posix_spawn_file_actions_adddup2(actions, 0, 1), "dup2")
+            _check(libc.posix_spawn_file_actions_adddup2(actions, 0, 2), "dup2")
+        else:
+            assert stdio.fds is not None
+            for target, fd in enumerate(stdio.fds):
+                _check(libc.posix_spawn_file_actions_adddup2(actions, fd, target), "dup2")
+        if hasattr(libc, "posix_spawn_file_actions_addclosefrom_np"):
+            _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3), "closefrom")
+        libc.sigfillset(sigset)
+        _check(libc.posix_spawnattr_setsigdefault(attr, sigset), "signal defaults")
+        libc.sigemptyset(sigset)
+        _check(libc.posix_spawnattr_setsigmask(attr, sigset), "signal mask")
+        _check(libc.posix_spawnattr_setflags(
+            attr, ctypes.c_short(_SETSID | _SETSIGDEF | _SETSIGMASK)), "flags")
+        c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
+        c_env = (ctypes.c_char_p * (len(env) + 1))(
+            *[os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()], None)
+        pid = ctypes.c_int(0)
+        result = libc.posix_spawn(
+            ctypes.byref(pid), os.fsencode(executable), actions, attr, c_argv, c_env)
+        if result != 0:
+            raise SpawnError(result, f"{argv[0] if argv else executable}: {os.strerror(result)}")
+        return pid.value
+    finally:
+        libc.posix_spawn_file_actions_destroy(actions)
+        libc.posix_spawnattr_destroy(attr)

@@ -1,0 +1,399 @@
+"""The client library on anyio (asyncio or trio): connect, spawn, stream, wait.
+
+    async with connect("unix:/run/user/1000/ttyserve.sock") as conn:
+        session = await conn.spawn(["make", "test"], pty=False)
+        async for chunk in session:
+            print(chunk.stream, chunk.data)
+        print(session.status.code)
+
+`run()` is the one-call form, in the spirit of `subprocess.run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from . import __version__
+from .addresses import Address, default_address, parse_address
+from .protocol.connection import (
+    ClientConnection,
+    ErrorReceived,
+    ExitReceived,
+    OpenedReceived,
+    OutputReceived,
+    WelcomeReceived,
+)
+from .protocol.errors import ProtocolError
+from .protocol.frames import FrameKind
+from .protocol.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Eof,
+    Error,
+    Exit,
+    Hello,
+    Message,
+    Open,
+    Resize,
+    Signal,
+    SignalName,
+    Welcome,
+)
+
+READ_SIZE = 256 * 1024
+SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
+WRITE_QUEUE = 16
+
+
+class ServerError(Exception):
+    """The server refused a request; ``error`` is its `error` message."""
+
+    def __init__(self, error: Error) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+    @property
+    def retriable(self) -> bool:
+        return self.error.retriable
+
+
+class ConnectionLost(Exception):
+    """The connection ended before the session's `exit` arrived."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """Bytes a session wrote: ``stream`` tells stdout from stderr (PTY: always stdout)."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedSession:
+    """What `run` returns: the remote status and the captured output."""
+
+    argv: list[str]
+    status: Exit
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def returncode(self) -> int:
+        return self.status.code
+
+
+_Item = OutputChunk | Exit | Error | ConnectionLost
+
+
+class Session:
+    """One remote process. Iterate it for output; `status` is set once `exit` arrived."""
+
+    def __init__(self, connection: Connection, channel: int) -> None:
+        self._connection = connection
+        self.channel = channel
+        self.pid: int | None = None
+        self.status: Exit | None = None
+        self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
+        self._opened = anyio.Event()
+        self._open_error: BaseException | None = None
+        self._send: MemoryObjectSendStream[_Item]
+        self._receive: MemoryObjectReceiveStream[_Item]
+        self._send, self._receive = anyio.create_memory_object_stream[_Item](SESSION_QUEUE)
+        self._done = False
+
+    # --- input --------------------------------------------------------------
+
+    async def send(self, data: bytes) -> None:
+        """Write to the process's stdin (or type into its terminal)."""
+        if data:
+            await self._connection._write(self._connection._core.stdin(self.channel, data))
+
+    async def eof(self) -> None:
+        """End of input: pipe stdin closed, or the terminal's EOF character."""
+        await self._control(Eof())
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._control(Resize(rows=rows, cols=cols))
+
+    async def signal(self, name: SignalName) -> None:
+        """Send a signal by name without `SIG` (`INT`, `TERM`, ...)."""
+        await self._control(Signal(name=name))
+
+    async def cancel(self) -> None:
+        """End the session now: the server kills the process group; no `exit` follows."""
+        if not self._done:
+            self._done = True
+            await self._control(Cancel())
+            self._connection._sessions.pop(self.channel, None)
+            self._send.close()
+
+    async def _control(self, message: Message) -> None:
+        await self._connection._write(self._connection._core.control(self.channel, message))
+
+    # --- output -------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        chunk = await self.receive()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def receive(self) -> OutputChunk | None:
+        """The next output chunk, or None once the `exit` arrived (see `status`).
+
+        Raises ConnectionLost if the connection ended first.
+        """
+        while True:
+            if self.status is not None:
+                return None
+            try:
+                item = await self._receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise ConnectionLost("the session was cancelled") from None
+            if isinstance(item, OutputChunk):
+                return item
+            if isinstance(item, Exit):
+                self.status = item
+                self._done = True
+                return None
+            if isinstance(item, ConnectionLost):
+                raise item
+            self.errors.append(item)
+
+    async def wait(self) -> Exit:
+        """Discard remaining output and return the exit status."""
+        while await self.receive() is not None:
+            pass
+        assert self.status is not None
+        return self.status
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.status is None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.cancel()
+
+    # --- fed by the connection's reader ---------------------------------------
+
+    async def _deliver(self, item: _Item) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._send.send(item)
+
+
+class Connection:
+    """A connection to a ttyserve server; created by `connect`."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, multiplex: bool) -> None:
+        self._stream = stream
+        self._core = ClientConnection()
+        self.multiplex = multiplex
+        self.welcome: Welcome | None = None
+        self._welcomed = anyio.Event()
+        self._sessions: dict[int, Session] = {}
+        self._channels = itertools.count(1)
+        self._out_send: MemoryObjectSendStream[bytes]
+        self._out_receive: MemoryObjectReceiveStream[bytes]
+        self._out_send, self._out_receive = anyio.create_memory_object_stream[bytes](WRITE_QUEUE)
+        self._failure: BaseException | None = None
+
+    async def spawn(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        pty: bool = True,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Session:
+        """Open a session and wait for `opened`. Raises ServerError if refused."""
+        channel = next(self._channels)
+        session = Session(self, channel)
+        self._sessions[channel] = session
+        request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
+                       env=dict(env or {}), cwd=cwd)
+        await self._write(self._core.control(channel, request))
+        await session._opened.wait()
+        if session._open_error is not None:
+            self._sessions.pop(channel, None)
+            raise session._open_error
+        return session
+
+    async def _write(self, data: bytes) -> None:
+        if self._failure is not None:
+            raise ConnectionLost(str(self._failure))
+        try:
+            await self._out_send.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ConnectionLost("the connection is closed") from None
+
+    async def _write_loop(self) -> None:
+        try:
+            async with self._out_receive:
+                async for data in self._out_receive:
+                    await self._stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._fail(ConnectionLost(f"send failed: {exc}"))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    data = await self._stream.receive(READ_SIZE)
+                except anyio.EndOfStream:
+                    break
+                for event in self._core.receive_data(data):
+                    await self._dispatch(event)
+            self._fail(ConnectionLost("the server closed the connection"))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._fail(ConnectionLost(f"connection lost: {exc}"))
+        except ProtocolError as exc:
+            self._fail(ConnectionLost(f"protocol error from the server: {exc}"))
+        finally:
+            for session in list(self._sessions.values()):
+                await session._deliver(ConnectionLost(str(self._failure)))
+
+    async def _dispatch(self, event: object) -> None:
+        if isinstance(event, OutputReceived):
+            session = self._sessions.get(event.channel)
+            if session is not None:
+                stream: Literal["stdout", "stderr"] = (
+                    "stderr" if event.kind is FrameKind.STDERR else "stdout")
+                await session._deliver(OutputChunk(stream, event.data))
+        elif isinstance(event, OpenedReceived):
+            session = self._sessions.get(event.channel)
+            if session is not None:
+                session.pid = event.pid
+                session._opened.set()
+        elif isinstance(event, ExitReceived):
+            session = self._sessions.pop(event.channel, None)
+            if session is not None:
+                await session._deliver(event.exit)
+        elif isinstance(event, ErrorReceived):
+            self._on_error(event.channel, event.error)
+        elif isinstance(event, WelcomeReceived):
+            self.welcome = event.welcome
+            self._welcomed.set()
+
+    def _on_error(self, channel: int, error: Error) -> None:
+        if channel == 0:
+            self._fail(ServerError(error))
+            return
+        session = self._sessions.get(channel)
+        if session is None:
+            return
+        if not session._opened.is_set():
+            session._open_error = ServerError(error)
+            session._opened.set()
+            self._sessions.pop(channel, None)
+        else:
+            session.errors.append(error)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._welcomed.set()
+        for session in self._sessions.values():
+            if not session._opened.is_set():
+                session._open_error = self._failure
+                session._opened.set()
+
+
+async def open_stream(address: Address) -> anyio.abc.SocketStream:
+    """A byte stream to ``address``. Unix sockets get anyio's transport-based stream too:
+    its UNIXSocketStream can log InvalidStateError when a receive is cancelled."""
+    if address.scheme != "unix":
+        return await anyio.connect_tcp(address.host, address.port)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        try:
+            sock.connect(address.path)
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error)) from None
+        return await anyio.abc.SocketStream.from_socket(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    address: str | Address | None = None,
+    *,
+    token: str | None = None,
+    multiplex: bool = False,
+    client_name: str = f"ttyserve-python/{__version__}",
+) -> AsyncIterator[Connection]:
+    """Connect and say `hello`; `open` may follow at once (pipelined).
+
+    Raises OSError when the server cannot be reached.
+    """
+    addr = address if isinstance(address, Address) else (
+        parse_address(address) if address else default_address())
+    stream = await open_stream(addr)
+    async with stream:
+        connection = Connection(stream, multiplex)
+        hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
+                      multiplex=multiplex)
+        await stream.send(connection._core.hello(hello))
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(connection._read_loop)
+            tg.start_soon(connection._write_loop)
+            try:
+                yield connection
+            except BaseException as exc:  # re-raised below, unwrapped by the task group
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+
+async def run(
+    argv: Sequence[str],
+    *,
+    address: str | Address | None = None,
+    input: bytes = b"",
+    pty: bool = False,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    token: str | None = None,
+) -> CompletedSession:
+    """Run ``argv`` remotely to completion; return its status and captured output."""
+    async with connect(address, token=token) as conn:
+        session = await conn.spawn(argv, pty=pty, env=env, cwd=cwd)
+        stdout: list[bytes] = []
+        stderr: list[bytes] = []
+
+        async def feed() -> None:
+            await session.send(input)
+            await session.eof()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feed)
+            async for chunk in session:
+                (stderr if chunk.stream == "stderr" else stdout).append(chunk.data)
+        assert session.status is not None
+        return CompletedSession(list(argv), session.status, b"".join(stdout), b"".join(stderr))

@@ -1,0 +1,89 @@
+"""Frame kinds, the 9-byte header, the encoder and the incremental decoder."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from .errors import ProtocolError
+
+HEADER = struct.Struct(">BII")
+HEADER_SIZE = HEADER.size  # 9: kind u8, channel u32, length u32
+DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: the contract's default payload limit
+MAX_CHANNEL = 0xFFFFFFFF
+
+
+class FrameKind(enum.IntEnum):
+    """The five frame kinds of protocol v1 (section 1)."""
+
+    STDIN = 0
+    STDOUT = 1
+    STDERR = 2
+    CTRL_IN = 3
+    CTRL_OUT = 4
+
+
+CLIENT_KINDS = frozenset({FrameKind.STDIN, FrameKind.CTRL_IN})
+SERVER_KINDS = frozenset({FrameKind.STDOUT, FrameKind.STDERR, FrameKind.CTRL_OUT})
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame."""
+
+    kind: FrameKind
+    channel: int
+    payload: bytes
+
+
+def encode_frame(kind: FrameKind, channel: int, payload: bytes = b"") -> bytes:
+    """Header and payload as one bytes object, so a frame is always written whole."""
+    return HEADER.pack(kind, channel, len(payload)) + payload
+
+
+class FrameDecoder:
+    """Incremental decoder: feed any split of the byte stream, take whole frames out.
+
+    The length field is checked against ``max_frame`` as soon as the header is
+    complete, so a hostile length never makes the decoder allocate or wait for it.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buffer = bytearray()
+        self._offset = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer) - self._offset
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add received bytes; return every frame now complete, in order.
+
+        Raises :class:`ProtocolError` for an unknown kind or an oversize frame.
+        """
+        if self._offset:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+        frames: list[Frame] = []
+        buffer = self._buffer
+        offset = 0
+        end = len(buffer)
+        while end - offset >= HEADER_SIZE:
+            kind, channel, length = HEADER.unpack_from(buffer, offset)
+            if kind > FrameKind.CTRL_OUT:
+                raise ProtocolError(f"unknown frame kind {kind}")
+            if length > self.max_frame:
+                raise ProtocolError(
+                    f"frame of {length} bytes exceeds max_frame {self.max_frame}"
+                )
+            start = offset + HEADER_SIZE
+            if end - start < length:
+                break
+            frames.append(Frame(FrameKind(kind), channel, bytes(buffer[start : start + length])))
+            offset = start + length
+        self._offset = offset
+        return frames

@@ -1,0 +1,148 @@
+"""Control messages of protocol v1 as msgspec tagged structs.
+
+Every optional member has a default, so a peer that omits it (or an older
+peer) still decodes; members we do not know are ignored, as the contract asks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .errors import ErrorCode, ProtocolError, RequestError
+
+PROTOCOL_VERSION = 1
+
+Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
+ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+SignalName = Literal[
+    "INT", "TERM", "KILL", "HUP", "QUIT", "USR1", "USR2",
+    "WINCH", "CONT", "STOP", "TSTP", "ALRM", "PIPE",
+]
+
+
+class Message(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
+    """Base of every control message; `type` is the tag."""
+
+
+# --- client -> server -------------------------------------------------------
+
+
+class Hello(Message, tag="hello"):
+    protocol: int
+    token: str | None = None
+    client: str | None = None
+    multiplex: bool = False
+    window: ChannelCredit | None = None
+
+
+class Open(Message, tag="open"):
+    argv: list[str] = []
+    pty: bool = True
+    rows: Dimension = 24
+    cols: Dimension = 80
+    term: str = "xterm-256color"
+    env: dict[str, str] = {}
+    cwd: str | None = None
+
+
+class Resize(Message, tag="resize"):
+    rows: Dimension
+    cols: Dimension
+
+
+class Signal(Message, tag="signal"):
+    name: SignalName
+
+
+class Eof(Message, tag="eof"):
+    pass
+
+
+class Cancel(Message, tag="cancel"):
+    pass
+
+
+class Window(Message, tag="window"):
+    bytes: ChannelCredit
+
+
+# --- server -> client -------------------------------------------------------
+
+
+class Welcome(Message, tag="welcome"):
+    protocol: int
+    server: str
+    max_frame: int
+    window: int | None = None
+
+
+class Opened(Message, tag="opened"):
+    pid: int
+
+
+class Exit(Message, tag="exit"):
+    code: int
+    signal: str | None = None
+    core_dumped: bool | None = None
+    error: str | None = None
+
+
+class Error(Message, tag="error"):
+    code: str
+    message: str
+    errno: int | None = None
+    retriable: bool = False
+    retry_after_ms: int | None = None
+
+
+ClientMessage = Hello | Open | Resize | Signal | Eof | Cancel | Window
+ServerMessage = Welcome | Opened | Exit | Error
+
+CLIENT_MESSAGES: dict[str, type[Message]] = {
+    "hello": Hello, "open": Open, "resize": Resize, "signal": Signal,
+    "eof": Eof, "cancel": Cancel, "window": Window,
+}
+SERVER_MESSAGES: dict[str, type[Message]] = {
+    "welcome": Welcome, "opened": Opened, "exit": Exit, "error": Error,
+}
+
+_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
+
+
+def encode_message(message: Message) -> bytes:
+    """The JSON payload of a control frame."""
+    return _encoder.encode(message)
+
+
+def parse_object(payload: bytes) -> tuple[str, dict[str, Any]]:
+    """Decode a control payload to (type, object); anything else is a protocol error."""
+    try:
+        obj = _json_decoder.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ProtocolError(f"control payload is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("control payload is not a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("control message has no string member 'type'")
+    return kind, obj
+
+
+def convert_message(
+    kind: str, obj: dict[str, Any], vocabulary: dict[str, type[Message]]
+) -> Message:
+    """Validate a decoded object as the message its `type` names.
+
+    Raises :class:`RequestError` with ``unknown_message`` for a type outside
+    ``vocabulary`` and ``bad_request`` for members of the wrong type or range.
+    """
+    cls = vocabulary.get(kind)
+    if cls is None:
+        raise RequestError(ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {kind!r}")
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"invalid {kind!r} message: {exc}") from exc

@@ -1,0 +1,146 @@
+"""The server: accept loops, the set of connections, and graceful shutdown.
+
+Shutdown stops accepting, hangs up every session (SIGHUP to its process
+group) and lets sessions send their `exit` frames. It is bounded by a
+watchdog; `force()` (the second signal) ends it at once. A forced end
+cancels every connection, which kills and reaps every process.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from .addresses import Address
+from .backends.base import Backend
+from .backends.local import LocalBackend
+from .handler import ConnectionHandler, ServerSettings, ServerState
+
+log = logging.getLogger("ttyserve")
+
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds for the drain before the watchdog forces the end
+_ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
+
+
+def peer_name(stream: anyio.abc.SocketStream) -> str:
+    try:
+        remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        return "?"
+    if isinstance(remote, tuple):
+        return f"{remote[0]}:{remote[1]}"
+    return f"unix:{remote or 'peer'}"
+
+
+def ensure_children_reapable() -> None:
+    """An inherited SIGCHLD=SIG_IGN makes the kernel reap our children itself, and
+    every wait fail with ECHILD: restore the default so statuses can be learned."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+class Server:
+    """Serves sessions on a set of listeners until shut down."""
+
+    def __init__(self, settings: ServerSettings, backend: Backend | None = None,
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+        self.state = ServerState(settings, backend or LocalBackend(settings.default_cwd))
+        self.shutdown_timeout = shutdown_timeout
+        self.forced = False
+        self._stop = anyio.Event()
+        self._force = anyio.Event()
+
+    def shutdown(self) -> None:
+        """Begin the graceful drain (idempotent)."""
+        self._stop.set()
+
+    def force(self) -> None:
+        """End now: cancel every session, kill and reap its processes."""
+        self._stop.set()
+        self._force.set()
+
+    @property
+    def handlers(self) -> set[ConnectionHandler]:
+        return self.state.handlers
+
+    async def serve(
+        self,
+        listeners: list[tuple[Address, socket.socket]],
+        on_listening: Callable[[Address], None] | None = None,
+    ) -> bool:
+        """Serve until shut down; True when the drain finished, False when forced."""
+        ensure_children_reapable()
+        async with anyio.create_task_group() as connections:
+            async with anyio.create_task_group() as accepting:
+                for address, listener in listeners:
+                    accepting.start_soon(self._accept_loop, listener, connections)
+                    if on_listening is not None:
+                        on_listening(address)
+                await self._stop.wait()
+                accepting.cancel_scope.cancel()
+            for _, listener in listeners:
+                listener.close()
+            self.state.shutting_down = True
+            for handler in list(self.state.handlers):
+                handler.begin_shutdown()
+            with anyio.move_on_after(self.shutdown_timeout) as watchdog:
+                async with anyio.create_task_group() as waiter:
+                    waiter.start_soon(self._wait_forced, waiter.cancel_scope)
+                    await self._wait_drained()
+                    waiter.cancel_scope.cancel()
+            if watchdog.cancelled_caught or self._force.is_set():
+                self.forced = True
+                log.warning("shutdown forced: killing %d connection(s)", len(self.handlers))
+                connections.cancel_scope.cancel()
+        return not self.forced
+
+    async def _wait_forced(self, scope: anyio.CancelScope) -> None:
+        await self._force.wait()
+        scope.cancel()
+
+    async def _wait_drained(self) -> None:
+        while self.state.handlers:
+            await self.state.handlers_changed.wait()
+
+    async def _accept_loop(self, listener: socket.socket,
+                           connections: anyio.abc.TaskGroup) -> None:
+        while True:
+            await anyio.wait_readable(listener)
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("accept failed: %s; retrying", exc.strerror)
+                    await anyio.sleep(_ACCEPT_RETRY)
+                continue
+            connections.start_soon(self._serve_connection, sock)
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
+        # anyio's transport-based stream: a cancelled receive cannot race a
+        # ready callback, and a cancelled send never leaves half a frame.
+        stream = await anyio.abc.SocketStream.from_socket(sock)
+        handler = ConnectionHandler(stream, self.state, peer_name(stream))
+        try:
+            await handler.run()
+        except Exception:  # one connection's bug must not take the server down
+            log.exception("connection %s failed", handler.peer)
+
+
+def login_shell() -> list[str]:
+    """The user's login shell as sshd runs it when no command is given."""
+    import pwd
+
+    try:
+        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+    except KeyError:
+        shell = "/bin/sh"
+    return [shell, "-l"]
