@@ -64,7 +64,7 @@ class ServerError(Exception):
 
     @property
     def retriable(self) -> bool:
-        return self.error.retriable
+        return bool(self.error.retriable)
 
 
 class ConnectionLost(Exception):

@@ -50,9 +50,11 @@ class Server:
     """Serves sessions on a set of listeners until shut down."""
 
     def __init__(self, settings: ServerSettings, backend: Backend | None = None,
-                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+                 reap_orphans: bool = True) -> None:
         self.state = ServerState(settings, backend or LocalBackend(settings.default_cwd))
         self.shutdown_timeout = shutdown_timeout
+        self.reap_orphans = reap_orphans
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -77,6 +79,18 @@ class Server:
     ) -> bool:
         """Serve until shut down; True when the drain finished, False when forced."""
         ensure_children_reapable()
+        async with anyio.create_task_group() as maintenance:
+            if self.reap_orphans and isinstance(self.state.backend, LocalBackend):
+                maintenance.start_soon(self.state.backend.reap_orphans)
+            drained = await self._serve(listeners, on_listening)
+            maintenance.cancel_scope.cancel()
+        return drained
+
+    async def _serve(
+        self,
+        listeners: list[tuple[Address, socket.socket]],
+        on_listening: Callable[[Address], None] | None,
+    ) -> bool:
         async with anyio.create_task_group() as connections:
             async with anyio.create_task_group() as accepting:
                 for address, listener in listeners:

@@ -20,6 +20,7 @@ import anyio
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from .base import ProcessSpec
+from .reaper import become_subreaper, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
 
 READ_SIZE = 256 * 1024  # one frame per wake-up: a pipe holds 64 KiB, a PTY read gives ~4 KiB
@@ -74,8 +75,11 @@ class FdSource:
 class LocalProcess:
     """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind."""
 
-    def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None) -> None:
+    def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
+                 live: set[int]) -> None:
         self.pid = pid
+        self._live = live
+        live.add(pid)
         self.stdout = stdout
         self.stderr = stderr
         self._stdin_fd: int | None = stdin_fd
@@ -85,6 +89,7 @@ class LocalProcess:
             self._pidfd = os.pidfd_open(pid)
         except OSError as exc:  # already reaped behind our back (SIGCHLD ignored)
             self._status = exit_from_wait_error(exc)
+            live.discard(pid)
         self._wait_lock = anyio.Lock()
         self._closed = False
 
@@ -107,6 +112,7 @@ class LocalProcess:
                 else:
                     if raw is not None:
                         self._status = exit_from_wait_status(raw)
+            self._live.discard(self.pid)
             return self._status
 
     @property
@@ -172,7 +178,11 @@ class LocalProcess:
             while self._group_alive() and time.monotonic() < deadline:
                 await anyio.sleep(_POLL)
         self._signal_group(signal.SIGKILL)
-        return await self.wait()
+        status = await self.wait()
+        with anyio.move_on_after(grace):  # killed members vanish once reaped
+            while self._group_alive():
+                await anyio.sleep(_POLL)
+        return status
 
     async def terminate(self) -> Exit:
         with anyio.CancelScope(shield=True):
@@ -209,8 +219,8 @@ class PipeProcess(LocalProcess):
 class PtyProcess(LocalProcess):
     """stdio is a terminal; the master is both the input and the output."""
 
-    def __init__(self, pid: int, master: int) -> None:
-        super().__init__(pid, master, FdSource(master), None)
+    def __init__(self, pid: int, master: int, live: set[int]) -> None:
+        super().__init__(pid, master, FdSource(master), None, live)
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
@@ -254,6 +264,12 @@ class LocalBackend:
 
     def __init__(self, default_cwd: str | None = None) -> None:
         self.default_cwd = default_cwd or os.getcwd()
+        self.live: set[int] = set()  # session leaders not yet reaped
+
+    async def reap_orphans(self) -> None:
+        """Adopt and reap what sessions leave behind, until cancelled (see reaper.py)."""
+        if become_subreaper():
+            await run_orphan_reaper(self.live)
 
     def _prepare(self, spec: ProcessSpec) -> tuple[str, dict[str, str], str]:
         cwd = spec.cwd or self.default_cwd
@@ -278,7 +294,7 @@ class LocalBackend:
             raise
         os.close(slave)
         _set_nonblocking(master)
-        return PtyProcess(pid, master)
+        return PtyProcess(pid, master, self.live)
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: dict[str, str],
                     cwd: str) -> PipeProcess:
@@ -294,5 +310,5 @@ class LocalBackend:
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):
             _set_nonblocking(fd)
-        return PipeProcess(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r))
+        return PipeProcess(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r), self.live)
 

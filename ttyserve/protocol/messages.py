@@ -93,7 +93,7 @@ class Error(Message, tag="error"):
     code: str
     message: str
     errno: int | None = None
-    retriable: bool = False
+    retriable: bool | None = None  # always sent by this server; None only from peers that omit it
     retry_after_ms: int | None = None
 
 

@@ -1,0 +1,271 @@
+"""Shared test helpers: real servers (in-process and as subprocesses), raw peers, /proc probes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from ttyserve.addresses import Address
+from ttyserve.backends.base import Backend
+from ttyserve.client import open_stream
+from ttyserve.handler import ServerSettings
+from ttyserve.listeners import open_listeners
+from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
+from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
+from ttyserve.server import Server
+
+SH = "/bin/sh"
+
+
+# --- in-process server -----------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    socket_path: Path,
+    *,
+    backend: Backend | None = None,
+    linger: float = 2.0,
+    command: list[str] | None = None,
+    shutdown_timeout: float = 10.0,
+) -> AsyncIterator[tuple[Server, str]]:
+    """A real server on a Unix socket in this process; shut down gracefully on exit."""
+    settings = ServerSettings(default_argv=command or [SH], linger=linger)
+    server = Server(settings, backend=backend, shutdown_timeout=shutdown_timeout)
+    listeners = open_listeners([Address("unix", path=str(socket_path))])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, listeners)
+        try:
+            yield server, f"unix:{socket_path}"
+        finally:
+            server.shutdown()
+
+
+# --- raw protocol peers ----------------------------------------------------
+
+
+def ctrl(channel: int, message: Message | dict[str, object] | bytes) -> bytes:
+    """A CTRL_IN frame carrying ``message`` (a struct, a dict, or raw payload bytes)."""
+    if isinstance(message, Message):
+        payload = encode_message(message)
+    elif isinstance(message, dict):
+        import json
+
+        payload = json.dumps(message).encode()
+    else:
+        payload = message
+    return encode_frame(FrameKind.CTRL_IN, channel, payload)
+
+
+HELLO = ctrl(0, Hello(protocol=1))
+
+
+def control_of(frame: Frame) -> dict[str, object]:
+    assert frame.kind is FrameKind.CTRL_OUT, frame
+    return parse_object(frame.payload)[1]
+
+
+class RawPeer:
+    """A client that speaks frames by hand, to see exactly what the server sends."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(64 << 20)
+        self.pending: list[Frame] = []
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send(data)
+
+    async def next_frame(self) -> Frame | None:
+        """The next frame, or None at EOF."""
+        while not self.pending:
+            try:
+                data = await self.stream.receive(1 << 20)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return None
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+    async def frames_until_eof(self) -> list[Frame]:
+        frames = []
+        while (frame := await self.next_frame()) is not None:
+            frames.append(frame)
+        return frames
+
+    async def next_control(self) -> dict[str, object]:
+        while True:
+            frame = await self.next_frame()
+            assert frame is not None, "connection closed before a control message"
+            if frame.kind is FrameKind.CTRL_OUT:
+                return control_of(frame)
+
+
+@contextlib.asynccontextmanager
+async def raw_peer(address: str) -> AsyncIterator[RawPeer]:
+    stream = await open_stream(Address("unix", path=address.removeprefix("unix:")))
+    async with stream:
+        yield RawPeer(stream)
+
+
+def split_output(frames: list[Frame], channel: int = 1) -> tuple[bytes, bytes, list[dict[str, object]]]:
+    """(stdout, stderr, control messages) of one channel, in order."""
+    out, err, controls = b"", b"", []
+    for frame in frames:
+        if frame.channel != channel:
+            continue
+        if frame.kind is FrameKind.STDOUT:
+            out += frame.payload
+        elif frame.kind is FrameKind.STDERR:
+            err += frame.payload
+        else:
+            controls.append(control_of(frame))
+    return out, err, controls
+
+
+# --- server subprocess -----------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    """`ttyserve serve` as a real subprocess; stderr is kept for failure reports."""
+
+    proc: subprocess.Popen[bytes]
+    addresses: list[str] = field(default_factory=list)
+    stderr_path: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_tail(self) -> str:
+        if self.stderr_path is None or not self.stderr_path.exists():
+            return ""
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit; stderr:\n{self.stderr_tail()}") from None
+
+
+def ttyserve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ttyserve", *args]
+
+
+def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
+                 expect_lines: int | None = None, env: dict[str, str] | None = None,
+                 ) -> ServerProcess:
+    """Start `ttyserve serve` and wait for its `listening` lines."""
+    listen = listen if listen is not None else [f"unix:{tmp_path / 's.sock'}"]
+    argv = ttyserve_command("serve", *[f"--listen={a}" for a in listen], *args)
+    stderr_path = tmp_path / f"server-{time.monotonic_ns()}.stderr"
+    with open(stderr_path, "wb") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
+    server = ServerProcess(proc, stderr_path=stderr_path)
+    assert proc.stdout is not None
+    wanted = expect_lines if expect_lines is not None else len(listen)
+    deadline = time.monotonic() + 15
+    while len(server.addresses) < wanted:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stdout], [], [], max(remaining, 0))
+        line = proc.stdout.readline() if ready else b""
+        if not line:
+            server.stop(signal.SIGKILL)
+            raise AssertionError(f"server did not start; stderr:\n{server.stderr_tail()}")
+        assert line.startswith(b"listening "), line
+        server.addresses.append(line.decode().split(" ", 1)[1].strip())
+    return server
+
+
+# --- /proc probes ----------------------------------------------------------
+
+
+def _stat_fields(pid: str) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()  # fields from `state` on
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def zombie_children(ppid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
+            if int(fields[1]) == ppid and fields[0] == "Z":
+                found.append(int(entry))
+    return found
+
+
+def children_of(ppid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
+            if int(fields[1]) == ppid:
+                found.append(int(entry))
+    return found
+
+
+def open_fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def wait_until(predicate: object, timeout: float, interval: float = 0.02) -> bool:
+    """Poll a /proc condition (the kernel offers no event for another process's group)."""
+    assert callable(predicate)
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(interval)
+        return True
+    return bool(predicate())
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def blocking_unix_socket(path: str, timeout: float = 10) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        yield sock
+    finally:
+        sock.close()
