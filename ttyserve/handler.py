@@ -24,6 +24,7 @@ from .protocol.connection import (
     HelloReceived,
     OpenRejected,
     OpenRequested,
+    Reply,
     ServerConnection,
     ServerEvent,
     StdinReceived,
@@ -231,6 +232,8 @@ class ConnectionHandler:
             scope = self._scopes.get(event.channel)
             if scope is not None:
                 scope.cancel()
+        elif isinstance(event, Reply):
+            await self._send_frame(_ALWAYS, event.data)
         elif isinstance(event, OpenRejected):
             return self._multiplex or self._sessions_started > 0
         return True

@@ -15,6 +15,7 @@ from ttyserve.protocol.connection import (
     OpenRejected,
     OpenRequested,
     OutputReceived,
+    Reply,
     ServerConnection,
     StdinReceived,
     WelcomeReceived,
@@ -24,9 +25,10 @@ from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Hello, Open, Resize, parse_object
 
 
-def replies(core: ServerConnection) -> list[tuple[int, dict[str, object]]]:
-    return [(f.channel, parse_object(f.payload)[1])
-            for f in FrameDecoder().feed(core.data_to_send())]
+def replies(core: ServerConnection, events: list[object] | None = None,
+            ) -> list[tuple[int, dict[str, object]]]:
+    data = b"".join(e.data for e in events or [] if isinstance(e, Reply)) + core.data_to_send()
+    return [(f.channel, parse_object(f.payload)[1]) for f in FrameDecoder().feed(data)]
 
 
 def opened_core() -> ServerConnection:
@@ -73,8 +75,9 @@ def test_unsupported_protocol_version() -> None:
 
 def test_unknown_message_answers_and_goes_on() -> None:
     core = opened_core()
-    assert core.receive_data(ctrl(1, {"type": "dance"}) + ctrl(0, {"type": "x"})) == []
-    assert [(ch, r["code"]) for ch, r in replies(core)] == [
+    events = core.receive_data(ctrl(1, {"type": "dance"}) + ctrl(0, {"type": "x"}))
+    assert all(isinstance(e, Reply) for e in events)
+    assert [(ch, r["code"]) for ch, r in replies(core, events)] == [
         (1, "unknown_message"), (0, "unknown_message")]
 
 
@@ -82,26 +85,27 @@ def test_bad_control_members_answer_bad_request_and_session_goes_on() -> None:
     core = opened_core()
     events = core.receive_data(ctrl(1, {"type": "signal", "name": "NOPE"})
                                + ctrl(1, Resize(rows=3, cols=4)))
-    assert events == [ControlReceived(1, Resize(rows=3, cols=4))]
-    assert replies(core)[0][1]["code"] == "bad_request"
+    assert events[1:] == [ControlReceived(1, Resize(rows=3, cols=4))]
+    assert replies(core, events)[0][1]["code"] == "bad_request"
     assert core.is_live(1)
 
 
 def test_bad_open_is_rejected_and_ends_the_channel() -> None:
     core = ServerConnection()
     events = core.receive_data(HELLO + ctrl(3, {"type": "open", "rows": 0}))
-    assert events[1] == OpenRejected(3)
-    (channel, reply), = replies(core)
+    assert events[2] == OpenRejected(3)
+    (channel, reply), = replies(core, events)
     assert channel == 3 and reply["code"] == "bad_request" and "rows" in str(reply["message"])
     # Frames for the ended channel are discarded without a word.
-    assert core.receive_data(encode_frame(FrameKind.STDIN, 3, b"x") + ctrl(3, {"type": "eof"})) == []
+    late = encode_frame(FrameKind.STDIN, 3, b"x") + ctrl(3, {"type": "eof"})
+    assert core.receive_data(late) == []
     assert core.data_to_send() == b""
 
 
 def test_channel_in_use() -> None:
     core = opened_core()
-    assert core.receive_data(ctrl(1, Open())) == []
-    assert replies(core) == [(1, {"type": "error", "code": "channel_in_use",
+    events = core.receive_data(ctrl(1, Open()))
+    assert replies(core, events) == [(1, {"type": "error", "code": "channel_in_use",
                                   "message": "channel 1 was already used", "retriable": False})]
 
 

@@ -262,6 +262,9 @@ def _close_all(fds: list[int]) -> None:
 class LocalBackend:
     """Runs sessions as children of this server process."""
 
+    pipe_process: type[PipeProcess] = PipeProcess
+    pty_process: type[PtyProcess] = PtyProcess
+
     def __init__(self, default_cwd: str | None = None) -> None:
         self.default_cwd = default_cwd or os.getcwd()
         self.live: set[int] = set()  # session leaders not yet reaped
@@ -294,7 +297,7 @@ class LocalBackend:
             raise
         os.close(slave)
         _set_nonblocking(master)
-        return PtyProcess(pid, master, self.live)
+        return self.pty_process(pid, master, self.live)
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: dict[str, str],
                     cwd: str) -> PipeProcess:
@@ -310,5 +313,5 @@ class LocalBackend:
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):
             _set_nonblocking(fd)
-        return PipeProcess(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r), self.live)
+        return self.pipe_process(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r), self.live)
 

@@ -2,8 +2,9 @@
 
 `ServerConnection` turns received bytes into events and owns every rule of
 section 1 (hello first, directions, channel states); what it must answer by
-itself (`unknown_message`, `bad_request`, `channel_in_use`) it queues in an
-outbox the I/O layer drains with `data_to_send()`. `ClientConnection` is the
+itself (`unknown_message`, `bad_request`, `channel_in_use`) comes out as a
+`Reply` event in order with the others, and refusals the I/O layer makes
+through `reject()` wait in an outbox drained with `data_to_send()`. `ClientConnection` is the
 mirror image for clients.
 """
 
@@ -79,6 +80,13 @@ class CancelRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """Frames the core answered with by itself, in order with the other events."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class OpenRejected:
     """The core refused an `open` by itself (`bad_request`); the error is in the outbox."""
 
@@ -86,7 +94,8 @@ class OpenRejected:
 
 
 ServerEvent = (
-    HelloReceived | OpenRequested | StdinReceived | ControlReceived | CancelRequested | OpenRejected
+    HelloReceived | OpenRequested | StdinReceived | ControlReceived | CancelRequested
+    | OpenRejected | Reply
 )
 
 
@@ -142,6 +151,8 @@ class ServerConnection:
                     events.append(StdinReceived(frame.channel, frame.payload))
             else:
                 event = self._control(frame.channel, frame.payload)
+                if self._outbox:
+                    events.append(Reply(self.data_to_send()))
                 if event is not None:
                     events.append(event)
         return events

@@ -1,0 +1,64 @@
+"""Acceptance 5: cancel and disconnect kill and reap the process group; no `exit` is sent."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import (
+    HELLO,
+    SH,
+    ServerProcess,
+    ctrl,
+    kill_group,
+    processes_in_group,
+    raw_peer,
+    split_output,
+    wait_until,
+    zombie_children,
+)
+
+from ttyserve.protocol.frames import FrameKind
+from ttyserve.protocol.messages import Cancel, Open
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+# Both members ignore SIGHUP, so only the SIGKILL after the grace ends them.
+STUBBORN = "trap '' HUP; sleep 30 & echo started; sleep 30"
+
+
+async def start_stubborn(peer, pty: bool) -> int:  # type: ignore[no-untyped-def]
+    await peer.send(HELLO + ctrl(1, Open(argv=[SH, "-c", STUBBORN], pty=pty)))
+    assert (await peer.next_control())["type"] == "welcome"
+    opened = await peer.next_control()
+    assert opened["type"] == "opened"
+    seen = b""
+    while b"started" not in seen:
+        frame = await peer.next_frame()
+        assert frame is not None and frame.kind is FrameKind.STDOUT
+        seen += frame.payload
+    pgid = int(opened["pid"])  # type: ignore[call-overload]
+    assert len(processes_in_group(pgid)) >= 2  # the shell and its sleeps
+    return pgid
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_cancel(server_process: ServerProcess, pty: bool) -> None:
+    async with raw_peer(server_process.addresses[0]) as peer:
+        pgid = await start_stubborn(peer, pty)
+        try:
+            await peer.send(ctrl(1, Cancel()))
+            rest = await peer.frames_until_eof()
+            assert await wait_until(lambda: not processes_in_group(pgid), timeout=3)
+        finally:
+            kill_group(pgid)
+    assert [c for c in split_output(rest)[2] if c["type"] == "exit"] == []
+    assert zombie_children(server_process.pid) == []
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_disconnect(server_process: ServerProcess, pty: bool) -> None:
+    async with raw_peer(server_process.addresses[0]) as peer:
+        pgid = await start_stubborn(peer, pty)
+    try:
+        assert await wait_until(lambda: not processes_in_group(pgid), timeout=3)
+        assert await wait_until(lambda: not zombie_children(server_process.pid), timeout=1)
+    finally:
+        kill_group(pgid)

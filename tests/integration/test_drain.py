@@ -1,0 +1,46 @@
+"""Acceptance 4: a grandchild holding the pipe or PTY delays `exit` by at most the linger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from helpers import SH, ServerProcess
+
+from ttyserve.client import connect
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+LINGER = 1.0  # what the server_process fixture is started with
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_grandchild_holding_output_delays_exit_by_at_most_the_linger(
+        server_process: ServerProcess, pty: bool) -> None:
+    script = ("seq 1 30000; (trap '' HUP; exec sleep 30) & echo grandchild=$!; echo last-line")
+    async with connect(server_process.addresses[0]) as conn:
+        session = await conn.spawn([SH, "-c", script], pty=pty)
+        started = time.monotonic()
+        out = b"".join([chunk.data async for chunk in session])
+        elapsed = time.monotonic() - started
+    text = out.replace(b"\r\n", b"\n")
+    grandchild = int(text.split(b"grandchild=")[1].split(b"\n")[0])
+    try:
+        assert session.status is not None and session.status.code == 0
+        assert text.startswith(b"".join(b"%d\n" % i for i in range(1, 30001)))
+        assert text.endswith(b"last-line\n")
+        assert LINGER * 0.9 <= elapsed < LINGER + 1.5, elapsed
+        os.kill(grandchild, 0)  # it really was still holding the output open
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_without_a_grandchild_exit_does_not_wait_for_the_linger(
+        server_process: ServerProcess, pty: bool) -> None:
+    async with connect(server_process.addresses[0]) as conn:
+        session = await conn.spawn([SH, "-c", "echo done"], pty=pty)
+        started = time.monotonic()
+        await session.wait()
+    assert time.monotonic() - started < LINGER * 0.8
