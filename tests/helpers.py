@@ -119,7 +119,8 @@ async def raw_peer(address: str) -> AsyncIterator[RawPeer]:
         yield RawPeer(stream)
 
 
-def split_output(frames: list[Frame], channel: int = 1) -> tuple[bytes, bytes, list[dict[str, object]]]:
+def split_output(frames: list[Frame], channel: int = 1,
+                 ) -> tuple[bytes, bytes, list[dict[str, object]]]:
     """(stdout, stderr, control messages) of one channel, in order."""
     out, err, controls = b"", b"", []
     for frame in frames:
@@ -154,6 +155,15 @@ class ServerProcess:
             return ""
         return self.stderr_path.read_text(errors="replace")[-4000:]
 
+    def wait(self, timeout: float = 15) -> int:
+        """The exit code, once the server exits by itself."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit; stderr:\n{self.stderr_tail()}") from None
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -177,8 +187,8 @@ def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
     argv = ttyserve_command("serve", *[f"--listen={a}" for a in listen], *args)
     stderr_path = tmp_path / f"server-{time.monotonic_ns()}.stderr"
     with open(stderr_path, "wb") as stderr:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     server = ServerProcess(proc, stderr_path=stderr_path)
     assert proc.stdout is not None
     wanted = expect_lines if expect_lines is not None else len(listen)
@@ -206,32 +216,20 @@ def _stat_fields(pid: str) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()  # fields from `state` on
 
 
-def processes_in_group(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    found = []
+def _processes() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, ppid, pgid) of every process."""
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
+            yield int(entry), fields[0], int(fields[1]), int(fields[2])
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    return [pid for pid, state, _, group in _processes() if group == pgid and state != "Z"]
 
 
 def zombie_children(ppid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
-            if int(fields[1]) == ppid and fields[0] == "Z":
-                found.append(int(entry))
-    return found
-
-
-def children_of(ppid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
-            if int(fields[1]) == ppid:
-                found.append(int(entry))
-    return found
+    return [pid for pid, state, parent, _ in _processes() if parent == ppid and state == "Z"]
 
 
 def open_fds(pid: int | str = "self") -> int:

@@ -16,7 +16,7 @@ import random
 import signal
 import stat
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
 import anyio
@@ -160,6 +160,14 @@ def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecF
     return ExecFailure(ExecExit.FAILURE, message)
 
 
+async def _quietly(work: Awaitable[None]) -> None:
+    """Run a helper pump; a lost connection is reported by the output loop, not here."""
+    try:
+        await work
+    except ConnectionLost:
+        pass
+
+
 async def _pump_stdin(session: Session, pty: bool) -> None:
     """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin)."""
     try:
@@ -198,16 +206,22 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 interrupted = interrupted or signum == signal.SIGINT
                 await session.signal(FORWARDED[signal.Signals(signum)])
 
+    lost: ConnectionLost | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(forward_signals, tg.cancel_scope)
-        tg.start_soon(_pump_stdin, session, pty)
-        async for chunk in session:
-            try:
-                out.data(chunk.stream, chunk.data)
-            except BrokenPipeError:
-                abort = ExecFailure(128 + signal.SIGPIPE, "local output closed")
-                break
+        tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
+        tg.start_soon(_quietly, _pump_stdin(session, pty))
+        try:
+            async for chunk in session:
+                try:
+                    out.data(chunk.stream, chunk.data)
+                except BrokenPipeError:
+                    abort = ExecFailure(128 + signal.SIGPIPE, "local output closed")
+                    break
+        except ConnectionLost as exc:
+            lost = exc
         tg.cancel_scope.cancel()
+    if lost is not None:
+        raise lost
     if abort is not None:
         await session.cancel()
         raise abort

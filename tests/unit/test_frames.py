@@ -27,7 +27,8 @@ frames_strategy = st.lists(
 
 
 def test_header_layout_is_the_contract() -> None:
-    assert encode_frame(FrameKind.CTRL_IN, 0x01020304, b"xy") == b"\x03\x01\x02\x03\x04\x00\x00\x00\x02xy"
+    frame = encode_frame(FrameKind.CTRL_IN, 0x01020304, b"xy")
+    assert frame == b"\x03" + b"\x01\x02\x03\x04" + b"\x00\x00\x00\x02" + b"xy"
     assert HEADER_SIZE == 9
 
 
