@@ -1,0 +1,47 @@
+"""The docs' tables are the contract constants: a code added to one must reach the other."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ttyserve.exitcodes import ExecExit, ServeExit
+from ttyserve.protocol.errors import RETRIABLE, ErrorCode
+from ttyserve.protocol.frames import FrameKind
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and re.fullmatch(first_cell, cells[0]):
+            rows.append(cells)
+    return rows
+
+
+def test_error_codes_table_matches_the_code() -> None:
+    rows = table_rows((DOCS / "protocol.md").read_text(), r"`[a-z_]+`")
+    documented = {row[0].strip("`"): row[2] == "yes" for row in rows}
+    assert documented == {str(code): code in RETRIABLE for code in ErrorCode}
+
+
+def test_frame_kinds_table_matches_the_code() -> None:
+    text = (DOCS / "protocol.md").read_text()
+    rows = table_rows(text[text.index("| kind | name"):text.index("Channel 0 is")], r"\d")
+    assert {int(row[0]): row[1] for row in rows} == {k.value: k.name for k in FrameKind}
+
+
+def test_serve_exit_codes_table_matches_the_code() -> None:
+    cli = (DOCS / "cli.md").read_text()
+    serve = cli[cli.index("## `ttyserve serve`"):cli.index("## `ttyserve exec`")]
+    assert {int(row[0]) for row in table_rows(serve, r"\d+")} == {int(c) for c in ServeExit}
+
+
+def test_exec_exit_codes_table_matches_the_code() -> None:
+    cli = (DOCS / "cli.md").read_text()
+    execs = cli[cli.index("## `ttyserve exec`"):]
+    documented = {row[0] for row in table_rows(execs, r"[\d.+S]+")}
+    fixed = {str(int(c)) for c in ExecExit if c is not ExecExit.SIGNAL_BASE}
+    assert documented == fixed | {"0..125", f"{int(ExecExit.SIGNAL_BASE)}+S"}
