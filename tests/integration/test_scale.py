@@ -42,3 +42,30 @@ async def test_500_back_to_back_and_200_at_once(sock_path: Path) -> None:
         assert await wait_until(lambda: not server.handlers, timeout=5)
         assert await wait_until(lambda: open_fds() == baseline, timeout=5), (open_fds(), baseline)
         assert zombie_children(os.getpid()) == []
+
+
+async def test_cancel_and_disconnect_leak_nothing(sock_path: Path) -> None:
+    from ttyserve.client import connect
+
+    async with running_server(sock_path) as (server, address):
+        await run(["true"], address=address)
+        assert await wait_until(lambda: not server.handlers, timeout=5)
+        baseline = open_fds()
+
+        async def cancelled(i: int) -> None:
+            async with connect(address) as conn:
+                session = await conn.spawn([SH, "-c", "sleep 30 & sleep 30"], pty=i % 2 == 0)
+                await session.cancel()
+
+        async def disconnected(i: int) -> None:
+            async with connect(address) as conn:
+                await conn.spawn(["sleep", "30"], pty=i % 2 == 0)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(cancelled, i)
+                tg.start_soon(disconnected, i)
+
+        assert await wait_until(lambda: not server.handlers, timeout=10)
+        assert await wait_until(lambda: open_fds() == baseline, timeout=5), (open_fds(), baseline)
+        assert await wait_until(lambda: not zombie_children(os.getpid()), timeout=5)
