@@ -21,7 +21,7 @@ from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
 from ttyserve.client import open_stream
 from ttyserve.handler import ServerSettings
-from ttyserve.listeners import open_listeners
+from ttyserve.listeners import SocketLease, open_listeners
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
 from ttyserve.server import Server
@@ -44,13 +44,18 @@ async def running_server(
     """A real server on a Unix socket in this process; shut down gracefully on exit."""
     settings = ServerSettings(default_argv=command or [SH], linger=linger)
     server = Server(settings, backend=backend, shutdown_timeout=shutdown_timeout)
-    listeners = open_listeners([Address("unix", path=str(socket_path))])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, listeners)
-        try:
-            yield server, f"unix:{socket_path}"
-        finally:
-            server.shutdown()
+    leases: list[SocketLease] = []
+    listeners = open_listeners([Address("unix", path=str(socket_path))], leases)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, listeners)
+            try:
+                yield server, f"unix:{socket_path}"
+            finally:
+                server.shutdown()
+    finally:
+        for lease in leases:
+            lease.release()
 
 
 # --- raw protocol peers ----------------------------------------------------

@@ -1,4 +1,4 @@
-"""Listen and connect addresses: `unix:PATH`, `tcp:HOST:PORT`."""
+"""Listen and connect addresses: `unix:PATH`, `tcp:HOST:PORT`, `tls:HOST:PORT`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class AddressError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    scheme: str  # "unix" or "tcp"
+    scheme: str  # "unix", "tcp" or "tls"
     path: str = ""
     host: str = ""
     port: int = 0
@@ -37,14 +37,14 @@ def default_address() -> Address:
 
 
 def parse_address(text: str) -> Address:
-    """Parse `unix:PATH` or `tcp:HOST:PORT` (IPv6 hosts in brackets)."""
+    """Parse `unix:PATH`, `tcp:HOST:PORT` or `tls:HOST:PORT` (IPv6 hosts in brackets)."""
     scheme, sep, rest = text.partition(":")
     if not sep or not rest:
-        raise AddressError(f"address {text!r}: expected unix:PATH or tcp:HOST:PORT")
+        raise AddressError(f"address {text!r}: expected unix:PATH, tcp:HOST:PORT or tls:HOST:PORT")
     if scheme == "unix":
         return Address("unix", path=os.path.abspath(rest))
-    if scheme != "tcp":
-        raise AddressError(f"address {text!r}: unknown scheme {scheme!r} (unix or tcp)")
+    if scheme not in ("tcp", "tls"):
+        raise AddressError(f"address {text!r}: unknown scheme {scheme!r} (unix, tcp or tls)")
     host, sep, port_text = rest.rpartition(":")
     if not sep or not host:
         raise AddressError(f"address {text!r}: expected {scheme}:HOST:PORT")
@@ -57,3 +57,15 @@ def parse_address(text: str) -> Address:
     if not 0 <= port <= 65535:
         raise AddressError(f"address {text!r}: port {port} is out of range")
     return Address(scheme, host=host, port=port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -316,9 +317,21 @@ class Connection:
                 session._opened.set()
 
 
-async def open_stream(address: Address) -> anyio.abc.SocketStream:
+def client_tls_context(cafile: str | None = None) -> ssl.SSLContext:
+    """Verify the server's certificate and name: the system's CAs, or ``cafile``'s."""
+    context = ssl.create_default_context(cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+async def open_stream(address: Address, tls: ssl.SSLContext | None = None,
+                      ) -> anyio.abc.ByteStream:
     """A byte stream to ``address``. Unix sockets get anyio's transport-based stream too:
     its UNIXSocketStream can log InvalidStateError when a receive is cancelled."""
+    if address.scheme == "tls":
+        return await anyio.connect_tcp(address.host, address.port, tls=True,
+                                       ssl_context=tls or client_tls_context(),
+                                       tls_standard_compatible=False)
     if address.scheme != "unix":
         return await anyio.connect_tcp(address.host, address.port)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -344,14 +357,17 @@ async def connect(
     token: str | None = None,
     multiplex: bool = False,
     client_name: str = f"ttyserve-python/{__version__}",
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect and say `hello`; `open` may follow at once (pipelined).
 
-    Raises OSError when the server cannot be reached.
+    ``tls`` verifies a `tls:` server (default: the system's CAs). Raises OSError
+    (ssl.SSLError for a server that cannot be verified) when the server cannot
+    be reached.
     """
     addr = address if isinstance(address, Address) else (
         parse_address(address) if address else default_address())
-    stream = await open_stream(addr)
+    stream = await open_stream(addr, tls)
     async with stream:
         connection = Connection(stream, multiplex)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
@@ -380,9 +396,10 @@ async def run(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     token: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> CompletedSession:
     """Run ``argv`` remotely to completion; return its status and captured output."""
-    async with connect(address, token=token) as conn:
+    async with connect(address, token=token, tls=tls) as conn:
         session = await conn.spawn(argv, pty=pty, env=env, cwd=cwd)
         stdout: list[bytes] = []
         stderr: list[bytes] = []

@@ -24,7 +24,7 @@ import anyio.abc
 
 from . import terminal
 from .addresses import Address
-from .client import ConnectionLost, ServerError, Session, connect
+from .client import ConnectionLost, ServerError, Session, client_tls_context, connect
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .protocol.errors import ErrorCode
 from .protocol.messages import Error, Exit, SignalName
@@ -50,6 +50,19 @@ class ExecOptions:
     cwd: str | None = None
     retries: int = 0
     json: bool = False
+    token: str | None = None
+    tls_ca: str | None = None
+
+
+def read_client_token(path: str | None) -> str | None:
+    """The token from ``path``, else from TTYSERVE_TOKEN, else None."""
+    if path is None:
+        return os.environ.get("TTYSERVE_TOKEN") or None
+    with open(path, encoding="utf-8") as file:
+        token = file.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 class ExecFailure(Exception):
@@ -121,7 +134,10 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
     for attempt in range(options.retries + 1):
         async with contextlib.AsyncExitStack() as stack:
             try:
-                conn = await stack.enter_async_context(connect(options.address))
+                tls = (client_tls_context(options.tls_ca)
+                       if options.address.scheme == "tls" else None)
+                conn = await stack.enter_async_context(
+                    connect(options.address, token=options.token, tls=tls))
                 session = await conn.spawn(
                     options.argv, pty=pty, rows=size[0], cols=size[1],
                     term=os.environ.get("TERM", "xterm-256color") if pty else "xterm-256color",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from dataclasses import dataclass, field
 
 import anyio
@@ -17,7 +18,10 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import __version__
+from .auth import AuthThrottle, Peer, token_matches
 from .backends.base import Backend, ProcessSpec
+from .journal import Journal, Reason, new_session_id
+from .policy import Policy
 from .protocol.connection import (
     CancelRequested,
     ControlReceived,
@@ -31,7 +35,7 @@ from .protocol.connection import (
 )
 from .protocol.errors import ErrorCode, ProtocolError, RequestError
 from .protocol.frames import DEFAULT_MAX_FRAME
-from .protocol.messages import Eof, Open
+from .protocol.messages import Eof, Exit, Hello, Open
 from .session import DEFAULT_LINGER, Session
 
 log = logging.getLogger("ttyserve")
@@ -40,6 +44,7 @@ READ_SIZE = 256 * 1024
 WRITE_QUEUE = 16  # frames queued per connection; each is at most one read (256 KiB)
 WRITE_BATCH = 256 * 1024  # queued frames joined into one send, up to this many bytes
 CLOSE_TIMEOUT = 2.0  # seconds to flush, send EOF and drain the client's bytes at the end
+BUSY_RETRY_MS = 1000  # the hint sent with `busy`
 _ALWAYS = 0  # writer-queue key for frames that are never dropped (channel 0, errors)
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
@@ -52,6 +57,12 @@ class ServerSettings:
     linger: float = DEFAULT_LINGER
     max_frame: int = DEFAULT_MAX_FRAME
     default_cwd: str | None = None
+    token: str | None = None  # required from TCP and TLS peers when set
+    allowed_uids: frozenset[int] = frozenset()  # Unix peers besides our own uid
+    policy: Policy = field(default_factory=Policy)
+    max_sessions: int = 1024
+    max_sessions_per_connection: int = 64
+    handshake_timeout: float = 10.0
 
 
 @dataclass
@@ -60,9 +71,12 @@ class ServerState:
 
     settings: ServerSettings
     backend: Backend
+    journal: Journal | None = None
     shutting_down: bool = False
+    sessions: int = 0
     handlers: set[ConnectionHandler] = field(default_factory=set)
     handlers_changed: anyio.Event = field(default_factory=anyio.Event)
+    throttle: AuthThrottle = field(default_factory=AuthThrottle)
 
     def remove_handler(self, handler: ConnectionHandler) -> None:
         self.handlers.discard(handler)
@@ -70,10 +84,14 @@ class ServerState:
         self.handlers_changed = anyio.Event()
 
 
+def busy(message: str) -> RequestError:
+    return RequestError(ErrorCode.BUSY, message, retry_after_ms=BUSY_RETRY_MS)
+
+
 class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, state: ServerState, peer: str) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, state: ServerState, peer: Peer) -> None:
         self.stream = stream
         self.state = state
         self.peer = peer
@@ -103,8 +121,15 @@ class ConnectionHandler:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop)
                 async with anyio.create_task_group() as self._session_group:
+                    self._read_scope.deadline = (
+                        anyio.current_time() + self.state.settings.handshake_timeout)
                     with self._read_scope:
                         await self._read_loop()
+                    if self._read_scope.cancelled_caught and self._handshake_pending():
+                        log.info("%s: no hello and open in time: dropped", self.peer)
+                        self.core.reject(0, ProtocolError(
+                            f"no {'open' if self.core.hello else 'hello'} within "
+                            f"{self.state.settings.handshake_timeout:g} s"))
                     self._session_group.cancel_scope.cancel()
                 with anyio.move_on_after(CLOSE_TIMEOUT):
                     await self._flush_core()
@@ -119,6 +144,13 @@ class ConnectionHandler:
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
 
+    def _handshake_pending(self) -> bool:
+        return self.core.hello is None or (not self._multiplex and not self._sessions_started
+                                           and not self.core.channels)
+
+    def _end_handshake(self) -> None:
+        self._read_scope.deadline = float("inf")
+
     def begin_shutdown(self) -> None:
         """Graceful shutdown: hang up every session; close once none is left."""
         self._draining = True
@@ -132,10 +164,14 @@ class ConnectionHandler:
 
     async def _close_gracefully(self) -> None:
         """Our EOF first, then drain theirs: closing on unread bytes would reset the
-        connection and could destroy the last frames the client has not read yet."""
+        connection and could destroy the last frames the client has not read yet.
+        (TLS cannot half-close: there we only drain until the client closes.)"""
         with anyio.move_on_after(CLOSE_TIMEOUT):
             try:
-                await self.stream.send_eof()
+                try:
+                    await self.stream.send_eof()
+                except NotImplementedError:
+                    pass
                 while True:
                     await self.stream.receive(READ_SIZE)
             except _GONE:
@@ -218,13 +254,10 @@ class ConnectionHandler:
                         session.control(event.message)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
+        elif isinstance(event, Reply):
+            await self._send_frame(_ALWAYS, event.data)
         elif isinstance(event, HelloReceived):
-            if self.state.shutting_down:
-                self.core.reject(0, RequestError(
-                    ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
-                return False
-            self._multiplex = event.hello.multiplex
-            await self._send_frame(_ALWAYS, self.core.welcome(f"ttyserve/{__version__}"))
+            return await self._hello(event.hello)
         elif isinstance(event, OpenRequested):
             return await self._open(event.channel, event.request)
         elif isinstance(event, CancelRequested):
@@ -232,52 +265,125 @@ class ConnectionHandler:
             scope = self._scopes.get(event.channel)
             if scope is not None:
                 scope.cancel()
-        elif isinstance(event, Reply):
-            await self._send_frame(_ALWAYS, event.data)
         elif isinstance(event, OpenRejected):
             return self._multiplex or self._sessions_started > 0
         return True
 
+    def _authorized(self, hello: Hello) -> str | None:
+        """Why this peer may not go on, or None."""
+        settings = self.state.settings
+        if self.peer.transport == "unix":
+            if self.peer.uid == os.getuid() or self.peer.uid in settings.allowed_uids:
+                return None
+            return f"uid {self.peer.uid} is not allowed on this socket"
+        if settings.token is None or token_matches(settings.token, hello.token):
+            return None
+        return "missing token" if hello.token is None else "wrong token"
+
+    async def _hello(self, hello: Hello) -> bool:
+        delay = self.state.throttle.delay(self.peer)
+        if delay:
+            await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
+        refusal = self._authorized(hello)
+        if refusal is not None:
+            self.state.throttle.failed(self.peer)
+            log.warning("%s: unauthorized: %s", self.peer, refusal)
+            self.core.reject(0, RequestError(ErrorCode.UNAUTHORIZED,
+                                             "unauthorized: missing or wrong token, or a peer "
+                                             "that is not allowed"))
+            return False
+        if self.state.shutting_down:
+            self.core.reject(0, RequestError(ErrorCode.SHUTTING_DOWN,
+                                             "the server is shutting down",
+                                             retry_after_ms=BUSY_RETRY_MS))
+            return False
+        self._multiplex = hello.multiplex
+        if self._multiplex:
+            self._end_handshake()
+        await self._send_frame(_ALWAYS, self.core.welcome(f"ttyserve/{__version__}"))
+        return True
+
+    def _refuse_open(self, channel: int, error: RequestError) -> bool:
+        self.core.reject(channel, error)
+        return self._multiplex or self._sessions_started > 0
+
     async def _open(self, channel: int, request: Open) -> bool:
+        settings = self.state.settings
         if not self._multiplex and self._sessions_started:
-            self.core.reject(channel, RequestError(
+            return self._refuse_open(channel, RequestError(
                 ErrorCode.BAD_REQUEST,
                 "this connection carries one session (hello.multiplex is false)"))
-            return True
         if self.state.shutting_down or self._draining:
-            self.core.reject(channel, RequestError(
-                ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
-            return self._multiplex
-        settings = self.state.settings
+            return self._refuse_open(channel, RequestError(
+                ErrorCode.SHUTTING_DOWN, "the server is shutting down",
+                retry_after_ms=BUSY_RETRY_MS))
+        if self.state.sessions >= settings.max_sessions:
+            return self._refuse_open(channel, busy(
+                f"the server runs its maximum of {settings.max_sessions} sessions"))
+        if len(self.sessions) >= settings.max_sessions_per_connection:
+            return self._refuse_open(channel, busy(
+                f"this connection runs its maximum of {settings.max_sessions_per_connection}"
+                " sessions"))
+        try:
+            settings.policy.check(request)
+        except RequestError as exc:
+            log.warning("%s: channel %d: %s: %s", self.peer, channel, exc.code, exc.message)
+            return self._refuse_open(channel, exc)
+        self._end_handshake()
         spec = ProcessSpec(
             argv=list(request.argv) or list(settings.default_argv),
             pty=request.pty, rows=request.rows, cols=request.cols, term=request.term,
             env=dict(request.env), cwd=request.cwd or settings.default_cwd,
         )
+        session_id = new_session_id()
         try:
             process = await self.state.backend.spawn(spec)
         except OSError as exc:
-            code = exc.errno or errno.EIO
             log.info("%s: channel %d: spawn failed: %s", self.peer, channel, exc)
-            self.core.reject(channel, RequestError(
-                ErrorCode.SPAWN_FAILED, str(exc.strerror or exc), errno=code))
-            return self._multiplex
+            if self.state.journal is not None:
+                await self.state.journal.start(session_id, str(self.peer), spec.argv, spec.pty,
+                                               None)
+                await self.state.journal.end(session_id, Reason.SPAWN_FAILED, errno=exc.errno)
+            return self._refuse_open(channel, RequestError(
+                ErrorCode.SPAWN_FAILED, str(exc.strerror or exc), errno=exc.errno or errno.EIO))
         self._sessions_started += 1
+        self.state.sessions += 1
         session = Session(channel, process, self._send_frame, self.core.exit, settings.linger)
         self.sessions[channel] = session
+        if self.state.journal is not None:
+            await self.state.journal.start(session_id, str(self.peer), spec.argv, spec.pty,
+                                           process.pid)
         await self._send_frame(_ALWAYS, self.core.opened(channel, process.pid))
         assert self._session_group is not None
-        self._session_group.start_soon(self._run_session, session)
+        self._session_group.start_soon(self._run_session, session, session_id)
         return True
 
-    async def _run_session(self, session: Session) -> None:
+    async def _run_session(self, session: Session, session_id: str) -> None:
         channel = session.channel
+        status: Exit | None = None
         with anyio.CancelScope() as scope:
             self._scopes[channel] = scope
             try:
-                await session.run()
+                status = await session.run()
             finally:
                 del self.sessions[channel]
                 del self._scopes[channel]
+                self.state.sessions -= 1
+                with anyio.CancelScope(shield=True):
+                    await self._journal_end(session, session_id, status)
         if not self._multiplex or (self._draining and not self.sessions):
             self._read_scope.cancel()
+
+    async def _journal_end(self, session: Session, session_id: str, status: Exit | None) -> None:
+        if self.state.journal is None:
+            return
+        if self.state.shutting_down:
+            reason = Reason.SHUTDOWN
+        else:
+            reason = Reason.EXIT if status is not None else Reason.CANCELLED
+        final = status or session.process_status
+        await self.state.journal.end(
+            session_id, reason,
+            code=final.code if final else None, signal=final.signal if final else None,
+            error=final.error if final else None,
+            bytes_in=session.bytes_in, bytes_out=session.bytes_out)

@@ -6,9 +6,9 @@ import contextlib
 import os
 import socket
 import stat
-import struct
 
 from .addresses import Address, default_socket_path
+from .lease import SocketLease
 
 BACKLOG = 1024
 
@@ -17,36 +17,15 @@ class ListenError(Exception):
     """An address cannot be bound (a configuration error: exit 3)."""
 
 
-class LeaseError(Exception):
-    """Another live ttyserve holds the socket (exit 4); the message names its pid."""
-
-
-def _peer_pid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, _uid, _gid = struct.unpack("3i", creds)
-    return int(pid)
-
-
 def _clear_stale_socket(path: str) -> None:
-    """Remove a socket file left by a dead server; refuse a live one."""
+    """Remove what a dead server left at ``path``; the caller holds the socket's lease."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise ListenError(f"{path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)
-        return
-    except OSError as exc:
-        raise ListenError(f"{path}: {exc.strerror}") from exc
-    else:
-        raise LeaseError(f"{path} is served by a live process (pid {_peer_pid(probe)})")
-    finally:
-        probe.close()
+    os.unlink(path)
 
 
 def _private_directory(directory: str) -> None:
@@ -63,10 +42,14 @@ def _private_directory(directory: str) -> None:
         raise ListenError(f"cannot create {directory}: {exc.strerror}") from exc
 
 
-def bind_unix(path: str) -> socket.socket:
+def bind_unix(path: str, leases: list[SocketLease]) -> socket.socket:
     directory = os.path.dirname(path)
     if path == default_socket_path() or not os.path.isdir(directory):
         _private_directory(directory)
+    try:
+        leases.append(SocketLease(path))
+    except OSError as exc:
+        raise ListenError(f"cannot lock {path}.lock: {exc.strerror}") from exc
     _clear_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
@@ -115,18 +98,28 @@ def bound_address(sock: socket.socket, address: Address) -> Address:
     return Address(address.scheme, host=host, port=port)
 
 
-def open_listeners(addresses: list[Address]) -> list[tuple[Address, socket.socket]]:
-    """Bind every address (all or none); the sockets are non-blocking and listening."""
+def open_listeners(
+    addresses: list[Address], leases: list[SocketLease] | None = None,
+) -> list[tuple[Address, socket.socket]]:
+    """Bind every address (all or none); the sockets are non-blocking and listening.
+
+    Unix sockets are leased first (LeaseError names a live holder); the leases
+    are appended to ``leases`` and must be released when serving ends.
+    """
+    held = leases if leases is not None else []
     bound: list[tuple[Address, socket.socket]] = []
     try:
         for address in addresses:
             if address.scheme == "unix":
-                bound.append((address, bind_unix(address.path)))
+                bound.append((address, bind_unix(address.path, held)))
             else:
                 bound.extend((address, s) for s in bind_tcp(address.host, address.port))
     except BaseException:
         for _, sock in bound:
             sock.close()
+        if leases is None:
+            for lease in held:
+                lease.release()
         raise
     for _, sock in bound:
         sock.setblocking(False)
@@ -139,4 +132,4 @@ def remove_socket_file(address: Address) -> None:
             os.unlink(address.path)
 
 
-__all__ = ["LeaseError", "ListenError", "open_listeners", "remove_socket_file"]
+__all__ = ["ListenError", "SocketLease", "open_listeners", "remove_socket_file"]

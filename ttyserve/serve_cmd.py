@@ -1,33 +1,30 @@
-"""`ttyserve serve`: bind, print `listening ADDR`, serve, shut down on signals."""
+"""`ttyserve serve`: check the configuration, bind, print `listening ADDR`, serve, shut down."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
 import signal
+import ssl
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import anyio
 
-from .addresses import Address
+from .addresses import Address, AddressError, default_address, is_loopback, parse_address
 from .backends.spawn import spawn_supported
+from .config import ConfigError, ServeConfig, read_token
 from .exitcodes import ServeExit
 from .handler import ServerSettings
-from .listeners import LeaseError, ListenError, open_listeners, remove_socket_file
-from .server import DEFAULT_SHUTDOWN_TIMEOUT, Server, login_shell
-from .session import DEFAULT_LINGER
+from .journal import Journal
+from .lease import LeaseError
+from .listeners import ListenError, SocketLease, open_listeners, remove_socket_file
+from .policy import Policy
+from .server import Server, login_shell
 
 log = logging.getLogger("ttyserve")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    addresses: list[Address]
-    command: str | None = None
-    linger: float = DEFAULT_LINGER
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
 
 def pty_supported() -> bool:
@@ -48,45 +45,109 @@ def _announce(address: Address) -> None:
     sys.stdout.flush()
 
 
-async def _serve(options: ServeOptions) -> int:
+def check_exposure(addresses: list[Address], token: str | None, config: ServeConfig) -> None:
+    """Refuse by default: TCP needs a token; beyond loopback it needs TLS too."""
+    if config.insecure:
+        for address in addresses:
+            if address.scheme != "unix" and (token is None or address.scheme == "tcp"):
+                log.warning("%s: serving without %s because of --insecure", address,
+                            "a token" if token is None else "TLS")
+        return
+    for address in addresses:
+        if address.scheme == "unix":
+            continue
+        if token is None:
+            raise ConfigError(f"{address}: TCP and TLS listeners need a token (--token-file or "
+                              "TTYSERVE_TOKEN), or --insecure")
+        if address.scheme == "tcp" and not is_loopback(address.host):
+            raise ConfigError(f"{address}: a non-loopback address needs TLS (tls:HOST:PORT "
+                              "with --tls-cert and --tls-key), or --insecure")
+
+
+def tls_context(config: ServeConfig, addresses: list[Address]) -> ssl.SSLContext | None:
+    if not any(a.scheme == "tls" for a in addresses):
+        return None
+    if not config.tls_cert or not config.tls_key:
+        raise ConfigError("tls: listeners need --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"TLS certificate {config.tls_cert} / key {config.tls_key}: "
+                          f"{exc}") from exc
+    return context
+
+
+@contextlib.contextmanager
+def _held(leases: list[SocketLease], journal: Journal | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for lease in leases:
+            lease.release()
+        if journal is not None:
+            journal.close()
+
+
+async def _serve(config: ServeConfig) -> int:
+    try:
+        addresses = [parse_address(a) for a in config.listen] or [default_address()]
+        token = read_token(config)
+        check_exposure(addresses, token, config)
+        tls = tls_context(config, addresses)
+        default_argv = shlex.split(config.command) if config.command else login_shell()
+    except (AddressError, ConfigError, ValueError) as exc:
+        log.error("configuration: %s", exc)
+        return ServeExit.CONFIG
     settings = ServerSettings(
-        default_argv=shlex.split(options.command) if options.command else login_shell(),
-        linger=options.linger,
+        default_argv=default_argv, linger=config.linger, max_frame=config.max_frame,
+        token=token, allowed_uids=frozenset(config.allow_uid),
+        policy=Policy(config.allow_command, config.allow_env, config.max_argv_bytes,
+                      config.max_env_bytes, config.max_cwd_bytes),
+        max_sessions=config.max_sessions,
+        max_sessions_per_connection=config.max_sessions_per_connection,
+        handshake_timeout=config.handshake_timeout,
     )
-    server = Server(settings, shutdown_timeout=options.shutdown_timeout)
+    leases: list[SocketLease] = []
+    journal: Journal | None = None
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         try:
-            listeners = open_listeners(options.addresses)
-        except ListenError as exc:
-            log.error("%s", exc)
-            return ServeExit.CONFIG
-        except LeaseError as exc:
-            log.error("%s", exc)
-            return ServeExit.LEASE
+            if config.journal is not None:
+                journal = Journal(config.journal)
+                journal.recover()
+            listeners = open_listeners(addresses, leases)
+        except (LeaseError, ListenError, OSError) as exc:
+            with _held(leases, journal):
+                log.error("%s", exc)
+            return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
+        server = Server(settings, shutdown_timeout=config.shutdown_timeout, journal=journal,
+                        tls=tls, max_connections=config.max_connections)
 
         async def watch_signals() -> None:
             async for signum in signals:
-                if not server.state.shutting_down and not server._stop.is_set():
+                if not server.stopping:
                     log.info("%s: shutting down gracefully", signal.Signals(signum).name)
                     server.shutdown()
                 else:
                     log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
                     server.force()
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch_signals)
-                drained = await server.serve(listeners, _announce)
-                tg.cancel_scope.cancel()
-        finally:
-            for address, _ in listeners:
-                remove_socket_file(address)
+        with _held(leases, journal):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(watch_signals)
+                    drained = await server.serve(listeners, _announce)
+                    tg.cancel_scope.cancel()
+            finally:
+                for address, _ in listeners:
+                    remove_socket_file(address)
     return ServeExit.OK if drained else ServeExit.ERROR
 
 
-def serve_main(options: ServeOptions) -> int:
+def serve_main(config: ServeConfig) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="ttyserve: %(message)s")
     if not pty_supported():
         log.error("this platform cannot serve: no PTY or posix_spawn support (Linux only)")
         return ServeExit.UNAVAILABLE
-    return anyio.run(_serve, options)
+    return anyio.run(_serve, config)

@@ -13,30 +13,27 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Callable
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from .addresses import Address
+from .auth import peer_of
 from .backends.base import Backend
 from .backends.local import LocalBackend
-from .handler import ConnectionHandler, ServerSettings, ServerState
+from .handler import BUSY_RETRY_MS, ConnectionHandler, ServerSettings, ServerState
+from .journal import Journal
+from .protocol.connection import control_frame, error_message
+from .protocol.errors import ErrorCode, RequestError
+from .protocol.frames import FrameKind
 
 log = logging.getLogger("ttyserve")
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds for the drain before the watchdog forces the end
 _ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
-
-
-def peer_name(stream: anyio.abc.SocketStream) -> str:
-    try:
-        remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
-    except anyio.TypedAttributeLookupError:
-        return "?"
-    if isinstance(remote, tuple):
-        return f"{remote[0]}:{remote[1]}"
-    return f"unix:{remote or 'peer'}"
 
 
 def ensure_children_reapable() -> None:
@@ -51,10 +48,14 @@ class Server:
 
     def __init__(self, settings: ServerSettings, backend: Backend | None = None,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-                 reap_orphans: bool = True) -> None:
-        self.state = ServerState(settings, backend or LocalBackend(settings.default_cwd))
+                 reap_orphans: bool = True, *, journal: Journal | None = None,
+                 tls: ssl.SSLContext | None = None, max_connections: int = 256) -> None:
+        self.state = ServerState(settings, backend or LocalBackend(settings.default_cwd),
+                                 journal=journal)
         self.shutdown_timeout = shutdown_timeout
         self.reap_orphans = reap_orphans
+        self.tls = tls
+        self.max_connections = max_connections
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -94,7 +95,8 @@ class Server:
         async with anyio.create_task_group() as connections:
             async with anyio.create_task_group() as accepting:
                 for address, listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, connections)
+                    accepting.start_soon(self._accept_loop, listener, address.scheme,
+                                         connections)
                     if on_listening is not None:
                         on_listening(address)
                 await self._stop.wait()
@@ -123,7 +125,11 @@ class Server:
         while self.state.handlers:
             await self.state.handlers_changed.wait()
 
-    async def _accept_loop(self, listener: socket.socket,
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def _accept_loop(self, listener: socket.socket, transport: str,
                            connections: anyio.abc.TaskGroup) -> None:
         while True:
             await anyio.wait_readable(listener)
@@ -136,17 +142,59 @@ class Server:
                     log.warning("accept failed: %s; retrying", exc.strerror)
                     await anyio.sleep(_ACCEPT_RETRY)
                 continue
-            connections.start_soon(self._serve_connection, sock)
+            connections.start_soon(self._serve_connection, sock, transport)
 
-    async def _serve_connection(self, sock: socket.socket) -> None:
+    async def _serve_connection(self, sock: socket.socket, transport: str) -> None:
+        try:
+            peer = peer_of(sock, transport)
+        except OSError:
+            sock.close()
+            return
         # anyio's transport-based stream: a cancelled receive cannot race a
         # ready callback, and a cancelled send never leaves half a frame.
-        stream = await anyio.abc.SocketStream.from_socket(sock)
-        handler = ConnectionHandler(stream, self.state, peer_name(stream))
+        stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
+        if len(self.state.handlers) >= self.max_connections:
+            log.warning("%s: refused: %d connections open", peer, len(self.state.handlers))
+            await refuse_busy(stream, self.max_connections)
+            return
+        if transport == "tls":
+            assert self.tls is not None
+            with anyio.move_on_after(self.state.settings.handshake_timeout):
+                try:
+                    stream = await TLSStream.wrap(stream, server_side=True,
+                                                  ssl_context=self.tls,
+                                                  standard_compatible=False)
+                except (ssl.SSLError, OSError, anyio.BrokenResourceError,
+                        anyio.EndOfStream) as exc:
+                    log.info("%s: TLS handshake failed: %s", peer, exc)
+                    await stream.aclose()
+                    return
+            if not isinstance(stream, TLSStream):
+                log.info("%s: no TLS handshake in time", peer)
+                await stream.aclose()
+                return
+        handler = ConnectionHandler(stream, self.state, peer)
         try:
             await handler.run()
         except Exception:  # one connection's bug must not take the server down
             log.exception("connection %s failed", handler.peer)
+
+
+async def refuse_busy(stream: anyio.abc.ByteStream, limit: int) -> None:
+    """Answer `busy` on channel 0 to a connection over the limit, then close it."""
+    error = RequestError(ErrorCode.BUSY, f"the server has its maximum of {limit} connections",
+                         retry_after_ms=BUSY_RETRY_MS)
+    frame = control_frame(FrameKind.CTRL_OUT, 0, error_message(error))
+    with anyio.move_on_after(1):
+        try:
+            await stream.send(frame)
+            await stream.send_eof()
+            while True:
+                await stream.receive()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError):
+            pass
+    await stream.aclose()
 
 
 def login_shell() -> list[str]:

@@ -53,11 +53,19 @@ class Session:
         self._open_outputs = 2 if process.stderr is not None else 1
         self._outputs_done = anyio.Event()
         self.status: Exit | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def process_status(self) -> Exit | None:
+        """How the process ended, even when the session was cancelled (None if unknown)."""
+        return self.status or self.process.status
 
     # --- called by the connection ------------------------------------------
 
     async def feed_stdin(self, data: bytes) -> None:
         """Queue stdin bytes; waits while the inbox is full (backpressure)."""
+        self.bytes_in += len(data)
         await self._inbox_send.send(data)
 
     async def feed_eof(self) -> None:
@@ -113,10 +121,12 @@ class Session:
                     break
                 if not data:
                     return
+                self.bytes_out += len(data)
                 await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
             # The linger ran out: send what is buffered now, not what comes later.
             data = source.receive_nowait()
             if data:
+                self.bytes_out += len(data)
                 await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
         finally:
             self._open_outputs -= 1

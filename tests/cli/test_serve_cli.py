@@ -105,7 +105,7 @@ def test_stale_socket_is_replaced(short_dir: Path) -> None:
 
 
 def test_tcp_port_0_prints_the_real_port(short_dir: Path) -> None:
-    server = start_server(short_dir, listen=["tcp:127.0.0.1:0"])
+    server = start_server(short_dir, listen=["tcp:127.0.0.1:0"], env={"TTYSERVE_TOKEN": "t"})
     try:
         host, port = server.addresses[0].removeprefix("tcp:").rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0

@@ -45,6 +45,11 @@ class ProcessHandle(Protocol):
     @property
     def stderr(self) -> OutputSource | None: ...
 
+    @property
+    def status(self) -> Exit | None:
+        """How the process ended, once it was reaped."""
+        ...
+
     async def send_stdin(self, data: bytes) -> None:
         """Write to the process's stdin or terminal; raises anyio.BrokenResourceError if gone."""
         ...

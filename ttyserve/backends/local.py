@@ -119,6 +119,10 @@ class LocalProcess:
     def returned(self) -> bool:
         return self._status is not None
 
+    @property
+    def status(self) -> Exit | None:
+        return self._status
+
     # --- control ------------------------------------------------------------
 
     def _signal_group(self, signum: int) -> None:

@@ -1,0 +1,212 @@
+"""The server's settings: one table of options, read from flags, environment and TOML.
+
+Every option has a flag (`--max-sessions`), an environment variable
+(`TTYSERVE_MAX_SESSIONS`) and a key in the `--config` file (`max_sessions`);
+a flag beats the environment, which beats the file, which beats the default.
+Any bad key, type or value names its source and key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+
+from .protocol.frames import DEFAULT_MAX_FRAME
+from .server import DEFAULT_SHUTDOWN_TIMEOUT
+from .session import DEFAULT_LINGER
+
+ENV_PREFIX = "TTYSERVE_"
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Everything `ttyserve serve` can be told. Defaults are the secure ones."""
+
+    listen: list[str] = []
+    token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    insecure: bool = False
+    allow_uid: list[int] = []
+    command: str | None = None
+    allow_command: list[str] = []
+    allow_env: list[str] = []
+    max_connections: Positive = 256
+    max_sessions: Positive = 1024
+    max_sessions_per_connection: Positive = 64
+    handshake_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    max_frame: Annotated[int, msgspec.Meta(ge=4096, le=16 << 20)] = DEFAULT_MAX_FRAME
+    max_argv_bytes: Positive = 256 * 1024
+    max_env_bytes: Positive = 256 * 1024
+    max_cwd_bytes: Positive = 4096
+    linger: Seconds = DEFAULT_LINGER
+    shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT
+    journal: str | None = None
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    help: str
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("listen", "unix:PATH, tcp:HOST:PORT or tls:HOST:PORT (repeatable)", "ADDR"),
+    Option("token_file", "file holding the token TCP and TLS clients must send "
+           "(or the token itself in TTYSERVE_TOKEN)", "FILE"),
+    Option("tls_cert", "certificate chain (PEM) for tls: listeners", "FILE"),
+    Option("tls_key", "private key (PEM) for tls: listeners", "FILE"),
+    Option("insecure", "allow TCP without a token, and non-loopback TCP without TLS"),
+    Option("allow_uid", "another uid allowed on Unix sockets (repeatable)", "UID"),
+    Option("command", "default command when a client sends no argv (default: login shell)",
+           "CMD"),
+    Option("allow_command", "glob a client's argv[0] must match (repeatable)", "PATTERN"),
+    Option("allow_env", "glob of env names clients may set when commands are restricted "
+           "(repeatable)", "PATTERN"),
+    Option("max_connections", "open connections at once (default 256)", "N"),
+    Option("max_sessions", "sessions at once, all connections (default 1024)", "N"),
+    Option("max_sessions_per_connection", "sessions at once on one connection (default 64)",
+           "N"),
+    Option("handshake_timeout", "seconds a client has for hello and open (default 10)", "S"),
+    Option("max_frame", "largest frame payload accepted, bytes (default 1 MiB)", "BYTES"),
+    Option("max_argv_bytes", "largest argv of an open, bytes (default 256 KiB)", "BYTES"),
+    Option("max_env_bytes", "largest env of an open, bytes (default 256 KiB)", "BYTES"),
+    Option("max_cwd_bytes", "longest cwd of an open, bytes (default 4096)", "BYTES"),
+    Option("linger", "output drain grace after a process exits, seconds (default 2)", "S"),
+    Option("shutdown_timeout", "graceful shutdown watchdog, seconds (default 30)", "S"),
+    Option("journal", "append session records to this file (fsync'd JSON lines)", "FILE"),
+)
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message names where it came from."""
+
+
+class UsageError(ConfigError):
+    """A bad command-line flag (exit 2 rather than 3)."""
+
+
+def _field_types() -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(ServeConfig)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per option; absent flags stay absent (so lower sources can apply)."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file with any of these keys")
+    types = _field_types()
+    for option in OPTIONS:
+        kind = types[option.key]
+        if kind is bool:
+            parser.add_argument(option.flag, dest=option.key, action="store_true",
+                                default=argparse.SUPPRESS, help=option.help)
+        elif str(kind).startswith("list"):
+            parser.add_argument(option.flag, dest=option.key, action="append",
+                                default=argparse.SUPPRESS, metavar=option.metavar,
+                                help=option.help)
+        else:
+            parser.add_argument(option.flag, dest=option.key, default=argparse.SUPPRESS,
+                                metavar=option.metavar, help=option.help)
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+    types = _field_types()
+    values: dict[str, object] = {}
+    for option in OPTIONS:
+        text = environ.get(option.env)
+        if text is None:
+            continue
+        kind = str(types[option.key])
+        if types[option.key] is bool:
+            lowered = text.strip().lower()
+            if lowered not in ("1", "true", "yes", "0", "false", "no", ""):
+                raise ConfigError(f"{option.env}={text!r}: expected true or false")
+            values[option.key] = lowered in ("1", "true", "yes")
+        elif kind.startswith("list"):
+            values[option.key] = [item for item in text.replace(",", " ").split() if item]
+        else:
+            values[option.key] = text
+    return values
+
+
+def _from_file(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    known = {option.key for option in OPTIONS}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"config file {path}: unknown key {key!r}")
+    return data
+
+
+def _validate(values: dict[str, object], source: str, error: type[ConfigError]) -> None:
+    try:
+        msgspec.convert(values, ServeConfig, strict=source == "file")
+    except msgspec.ValidationError as exc:
+        key = str(exc).rsplit("$.", 1)[-1].split("[")[0].rstrip("`")
+        raise error(f"{source}: {_name(key, source)}: {exc}") from exc
+
+
+def _name(key: str, source: str) -> str:
+    option = next((o for o in OPTIONS if o.key == key), None)
+    if option is None:
+        return key
+    return {"flag": option.flag, "environment": option.env}.get(source, key)
+
+
+def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Merge default < file < environment < flags; raise ConfigError naming the culprit."""
+    environ = os.environ if environ is None else environ
+    flags = {o.key: getattr(args, o.key) for o in OPTIONS if hasattr(args, o.key)}
+    config_path = args.config or environ.get(ENV_PREFIX + "CONFIG")
+    file_values = _from_file(config_path) if config_path else {}
+    env_values = _from_environment(environ)
+    _validate(file_values, "file", ConfigError)
+    _validate(env_values, "environment", ConfigError)
+    _validate(flags, "flag", UsageError)
+    merged = {**file_values, **env_values, **flags}
+    return msgspec.convert(merged, ServeConfig, strict=False)
+
+
+def read_token(config: ServeConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token from `token_file` (which must not be readable by others) or TTYSERVE_TOKEN."""
+    environ = os.environ if environ is None else environ
+    if config.token_file is None:
+        token = environ.get(ENV_PREFIX + "TOKEN")
+        return token or None
+    try:
+        st = os.stat(config.token_file)
+        with open(config.token_file, encoding="utf-8") as file:
+            token = file.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token file {config.token_file}: {exc}") from exc
+    if st.st_mode & 0o077:
+        raise ConfigError(f"token file {config.token_file}: readable by others "
+                          f"(mode {st.st_mode & 0o777:o}); chmod 600 it")
+    if not token:
+        raise ConfigError(f"token file {config.token_file} is empty")
+    return token
+
+
+def option_keys() -> Sequence[str]:
+    return [option.key for option in OPTIONS]

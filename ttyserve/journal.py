@@ -1,0 +1,211 @@
+"""The session journal: fsync'd JSON lines, exactly one `session.end` per `session.start`.
+
+A server that dies hard writes no end records; the next one to open the
+journal appends a `crash-inferred` end for every start without one, and hangs
+up what is left of those sessions (verified by the process's start time, so
+a reused pid is never signalled). A torn last line is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+
+from .lease import acquire
+
+log = logging.getLogger("ttyserve")
+
+START = "session.start"
+END = "session.end"
+
+
+class Reason:
+    """The `reason` of a `session.end` record (contracts.md)."""
+
+    EXIT = "exit"
+    CANCELLED = "cancelled"
+    SPAWN_FAILED = "spawn_failed"
+    SHUTDOWN = "shutdown"
+    CRASH_INFERRED = "crash-inferred"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def process_start_time(pid: int) -> int | None:
+    """Clock ticks after boot at which ``pid`` started (tells a pid from its reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[19])
+
+
+@dataclass
+class ParsedJournal:
+    records: list[dict[str, Any]]
+    torn: int  # lines that did not parse (a crash mid-write leaves at most one)
+    ends_with_newline: bool
+
+
+def parse(data: bytes) -> ParsedJournal:
+    records: list[dict[str, Any]] = []
+    torn = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            torn += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            torn += 1
+    return ParsedJournal(records, torn, not data or data.endswith(b"\n"))
+
+
+def read_file(path: str) -> ParsedJournal:
+    with open(path, "rb") as file:
+        return parse(file.read())
+
+
+def open_sessions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`session.start` records that have no `session.end`, in order."""
+    ended = {r.get("id") for r in records if r.get("event") == END}
+    return [r for r in records if r.get("event") == START and r.get("id") not in ended]
+
+
+def pair_sessions(records: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any],
+                                                                  dict[str, Any] | None]]:
+    ends = {r.get("id"): r for r in records if r.get("event") == END}
+    for record in records:
+        if record.get("event") == START:
+            yield record, ends.get(record.get("id"))
+
+
+class Journal:
+    """An open, locked journal file; records are appended and fsync'd one at a time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._lock = anyio.Lock()
+        try:
+            acquire(self.fd, f"journal {path}")
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _read_all(self) -> bytes:
+        chunks = []
+        offset = 0
+        while chunk := os.pread(self.fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+
+    def _append_now(self, record: dict[str, Any]) -> None:
+        os.write(self.fd, msgspec.json.encode(record) + b"\n")
+        os.fsync(self.fd)
+
+    def recover(self, grace: float = 1.0) -> list[dict[str, Any]]:
+        """Close what a crashed server left open; return the `crash-inferred` ends written."""
+        parsed = parse(self._read_all())
+        if parsed.torn:
+            log.warning("journal %s: skipped %d torn or unreadable line(s)", self.path,
+                        parsed.torn)
+        if not parsed.ends_with_newline:
+            os.write(self.fd, b"\n")  # the next record starts on a line of its own
+        ends = []
+        survivors = []
+        for start in open_sessions(parsed.records):
+            pid = start.get("pid")
+            if isinstance(pid, int) and pid > 0 and _still_ours(pid, start.get("start_time")):
+                survivors.append(pid)
+            end = {"event": END, "id": start.get("id"), "at": now_rfc3339(),
+                   "reason": Reason.CRASH_INFERRED}
+            self._append_now(end)
+            ends.append(end)
+        if ends:
+            log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)",
+                        self.path, len(ends), len(survivors))
+        _hang_up_survivors(survivors, grace)
+        return ends
+
+    async def append(self, record: dict[str, Any]) -> None:
+        """Write one record and fsync it, off the event loop, in order."""
+        async with self._lock:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._append_now, record)
+
+    async def start(self, session_id: str, peer: str, argv: list[str], pty: bool,
+                    pid: int | None) -> None:
+        record: dict[str, Any] = {"event": START, "id": session_id, "at": now_rfc3339(),
+                                  "peer": peer, "argv": argv, "pty": pty, "pid": pid}
+        if pid is not None:
+            record["start_time"] = process_start_time(pid)
+        await self.append(record)
+
+    async def end(self, session_id: str, reason: str, **members: object) -> None:
+        await self.append({"event": END, "id": session_id, "at": now_rfc3339(),
+                           "reason": reason, **{k: v for k, v in members.items()
+                                                if v is not None}})
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _still_ours(pid: int, recorded_start: object) -> bool:
+    """Whether process group ``pid`` can only be what the crashed session left.
+
+    A live leader must have the recorded start time (else the pid was reused).
+    With the leader gone, members that still carry its group id are its own:
+    the id cannot be taken by a new group while any of them lives.
+    """
+    current = process_start_time(pid)
+    return current == recorded_start if current is not None else _group_alive(pid)
+
+
+def _hang_up_survivors(groups: list[int], grace: float) -> None:
+    """SIGHUP the process groups of crashed sessions, SIGKILL what is left after ``grace``."""
+    for sig in (signal.SIGHUP, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+                if sig == signal.SIGHUP:
+                    os.killpg(group, signal.SIGCONT)
+            except OSError:
+                pass
+        if sig == signal.SIGHUP and groups:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
+                time.sleep(0.02)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
