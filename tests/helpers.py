@@ -198,15 +198,20 @@ def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
     assert proc.stdout is not None
     wanted = expect_lines if expect_lines is not None else len(listen)
     deadline = time.monotonic() + 15
+    fd = proc.stdout.fileno()
+    pending = b""
     while len(server.addresses) < wanted:
         remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([proc.stdout], [], [], max(remaining, 0))
-        line = proc.stdout.readline() if ready else b""
-        if not line:
+        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
             server.stop(signal.SIGKILL)
             raise AssertionError(f"server did not start; stderr:\n{server.stderr_tail()}")
-        assert line.startswith(b"listening "), line
-        server.addresses.append(line.decode().split(" ", 1)[1].strip())
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            assert line.startswith(b"listening "), line
+            server.addresses.append(line.decode().split(" ", 1)[1].strip())
     return server
 
 
@@ -231,6 +236,10 @@ def _processes() -> Iterator[tuple[int, str, int, int]]:
 def processes_in_group(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     return [pid for pid, state, _, group in _processes() if group == pgid and state != "Z"]
+
+
+def children_of(ppid: int) -> list[int]:
+    return [pid for pid, _, parent, _ in _processes() if parent == ppid]
 
 
 def zombie_children(ppid: int) -> list[int]:

@@ -1,0 +1,192 @@
+"""Hardening acceptance 4-7: the journal after crashes, torn lines, leases and shutdowns."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import (
+    HELLO,
+    SH,
+    ServerProcess,
+    ctrl,
+    processes_in_group,
+    start_server,
+    ttyserve_command,
+)
+
+from ttyserve.exitcodes import ServeExit
+from ttyserve.journal import END, START, read_file
+from ttyserve.protocol.frames import FrameDecoder, FrameKind
+from ttyserve.protocol.messages import Open
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def records(journal: Path) -> list[dict[str, object]]:
+    return read_file(str(journal)).records
+
+
+def ends_by_id(journal: Path) -> dict[object, list[dict[str, object]]]:
+    ends: dict[object, list[dict[str, object]]] = {}
+    for record in records(journal):
+        if record["event"] == END:
+            ends.setdefault(record["id"], []).append(record)
+    return ends
+
+
+def assert_one_end_per_start(journal: Path) -> dict[object, dict[str, object]]:
+    starts = [r for r in records(journal) if r["event"] == START]
+    ends = ends_by_id(journal)
+    assert set(ends) == {s["id"] for s in starts}
+    assert all(len(e) == 1 for e in ends.values())
+    return {key: value[0] for key, value in ends.items()}
+
+
+def open_running(server: ServerProcess, script: str, pty: bool) -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(10)
+    sock.connect(server.addresses[0].removeprefix("unix:"))
+    sock.sendall(HELLO + ctrl(1, Open(argv=[SH, "-c", script], pty=pty)))
+    decoder, frames = FrameDecoder(), []
+    while not any(f.kind is FrameKind.STDOUT for f in frames):
+        frames += decoder.feed(sock.recv(65536))
+    return sock, json.loads(frames[1].payload)["pid"]
+
+
+def test_kill_9_with_20_sessions_then_restart(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal))
+    # Half ignore SIGHUP: a PTY session's hang-up on the crash would not end them.
+    scripts = ["echo up; sleep 300", "trap '' HUP; echo up; sleep 300"]
+    sessions = [open_running(server, scripts[i % 2], pty=i % 4 < 2) for i in range(20)]
+    groups = [pgid for _, pgid in sessions]
+    assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+    for sock, _ in sessions:
+        sock.close()
+    assert len([r for r in records(journal) if r["event"] == START]) == 20
+    assert ends_by_id(journal) == {}  # a hard death writes no end records
+
+    restarted = start_server(short_dir, "--journal", str(journal))
+    try:
+        ends = assert_one_end_per_start(journal)
+        assert [e["reason"] for e in ends.values()] == ["crash-inferred"] * 20
+        # The orphans' fate: the next start hangs up what the crashed sessions left running.
+        deadline = time.monotonic() + 5
+        while any(processes_in_group(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [g for g in groups if processes_in_group(g)] == []
+    finally:
+        assert restarted.stop() == ServeExit.OK
+
+
+def test_torn_last_line_is_skipped_with_a_warning(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal))
+    sock, _ = open_running(server, "echo up; sleep 300", pty=False)
+    server.stop(signal.SIGKILL)
+    sock.close()
+    data = journal.read_bytes()
+    journal.write_bytes(data[: len(data) - 7])  # the crash cut the start record mid-line
+    server = start_server(short_dir, "--journal", str(journal))
+    try:
+        assert "torn" in server.stderr_tail()
+        result = subprocess.run(ttyserve_command("exec", "--connect", server.addresses[0],
+                                                 "--", "echo", "served"),
+                                capture_output=True, timeout=20)
+        assert result.stdout == b"served\n"
+    finally:
+        assert server.stop() == ServeExit.OK
+    assert read_file(str(journal)).torn == 1
+    ends = assert_one_end_per_start(journal)
+    assert [e["reason"] for e in ends.values()] == ["exit"]
+
+
+def test_second_server_on_the_same_journal_exits_4(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal))
+    try:
+        second = subprocess.run(ttyserve_command("serve", f"--listen=unix:{short_dir / 'b.sock'}",
+                                                 "--journal", str(journal)),
+                                capture_output=True, timeout=20)
+        assert second.returncode == ServeExit.LEASE
+        assert f"pid {server.pid}".encode() in second.stderr
+    finally:
+        server.stop()
+
+
+def test_records_of_a_normal_life(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--command", SH)
+    address = server.addresses[0]
+    try:
+        for argv in (["sh", "-c", "cat; exit 3"], ["no-such-command"]):
+            subprocess.run(ttyserve_command("exec", "--connect", address, "--", *argv),
+                           input=b"12345", capture_output=True, timeout=20)
+        sock, _ = open_running(server, "echo up; sleep 300", pty=False)
+        sock.sendall(ctrl(1, {"type": "cancel"}))
+        sock.recv(100)
+        sock.close()
+    finally:
+        assert server.stop() == ServeExit.OK
+    starts = [r for r in records(journal) if r["event"] == START]
+    ends = assert_one_end_per_start(journal)
+    first, failed, cancelled = (ends[s["id"]] for s in starts)
+    assert starts[0]["argv"] == ["sh", "-c", "cat; exit 3"] and starts[0]["pty"] is False
+    assert (first["reason"], first["code"], first["bytes_in"], first["bytes_out"]) == (
+        "exit", 3, 5, 5)
+    assert failed["reason"] == "spawn_failed"
+    assert cancelled["reason"] == "cancelled"
+    listing = subprocess.run(ttyserve_command("sessions", "--journal", str(journal)),
+                             capture_output=True, timeout=20, text=True)
+    assert listing.returncode == 0
+    lines = listing.stdout.splitlines()
+    assert lines[0].split()[:5] == ["STARTED", "ID", "PID", "PTY", "REASON"]
+    assert [line.split()[4] for line in lines[1:]] == ["exit", "spawn_failed", "cancelled"]
+    as_json = subprocess.run(ttyserve_command("sessions", "--journal", str(journal), "--json"),
+                             capture_output=True, timeout=20, text=True)
+    assert [json.loads(line)["end"]["reason"] for line in as_json.stdout.splitlines()] == [
+        "exit", "spawn_failed", "cancelled"]
+
+
+def test_sigterm_with_50_busy_sessions(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--shutdown-timeout", "20")
+    sessions = [open_running(server, "echo up; while :; do echo busy; sleep 0.01; done",
+                             pty=i % 2 == 0) for i in range(50)]
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    exits = 0
+    for sock, _ in sessions:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        sock.close()
+        frames = FrameDecoder(64 << 20).feed(data)
+        last = json.loads(frames[-1].payload) if frames[-1].kind is FrameKind.CTRL_OUT else {}
+        exits += last.get("type") == "exit"
+    assert server.wait(20) == ServeExit.OK
+    assert time.monotonic() - started < 20
+    ends = assert_one_end_per_start(journal)
+    assert exits == 50
+    assert [e["reason"] for e in ends.values()] == ["shutdown"] * 50
+
+
+def test_watchdog_with_a_session_that_ignores_sighup(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--shutdown-timeout", "2")
+    sock, pgid = open_running(server, "trap '' HUP; echo up; sleep 300", pty=False)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(20) == ServeExit.ERROR
+    elapsed = time.monotonic() - started
+    sock.close()
+    assert 2 <= elapsed < 6, elapsed
+    assert processes_in_group(pgid) == []
+    ends = assert_one_end_per_start(journal)
+    assert [e["reason"] for e in ends.values()] == ["shutdown"]
