@@ -1,0 +1,155 @@
+"""Hardening: every flag has an environment variable and a TOML key; bad ones exit 3 by name."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import start_server, ttyserve_command
+
+from ttyserve import config
+from ttyserve.exitcodes import ServeExit
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def test_every_option_has_a_flag_an_env_and_a_key() -> None:
+    fields = {f.name for f in config.msgspec.structs.fields(config.ServeConfig)}
+    assert {o.key for o in config.OPTIONS} == fields
+    help_text = subprocess.run(ttyserve_command("serve", "--help"), capture_output=True,
+                               text=True, timeout=20).stdout
+    for option in config.OPTIONS:
+        assert option.flag in help_text
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text('linger = 5.0\nmax_sessions = 7\nshutdown_timeout = 9\n'
+                    'listen = ["unix:/a"]\n')
+    loaded = config.load(parse("--config", str(file), "--linger", "1"),
+                         {"TTYSERVE_LINGER": "3", "TTYSERVE_MAX_SESSIONS": "8"})
+    assert (loaded.linger, loaded.max_sessions, loaded.shutdown_timeout) == (1.0, 8, 9.0)
+    assert loaded.listen == ["unix:/a"]
+    assert config.load(parse(), {}).max_sessions == 1024
+
+
+def test_env_lists_and_booleans() -> None:
+    loaded = config.load(parse(), {"TTYSERVE_ALLOW_UID": "1, 2", "TTYSERVE_INSECURE": "true",
+                                   "TTYSERVE_LISTEN": "unix:/a tcp:127.0.0.1:1"})
+    assert (loaded.allow_uid, loaded.insecure) == ([1, 2], True)
+    assert loaded.listen == ["unix:/a", "tcp:127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("toml, key", [
+    ("nonsense = 1", "nonsense"),
+    ('max_sessions = "many"', "max_sessions"),
+    ("max_sessions = 0", "max_sessions"),
+    ("linger = -1", "linger"),
+    ('listen = "unix:/a"', "listen"),
+    ("max_frame = 10", "max_frame"),
+    ("this is not toml", "c.toml"),
+])
+def test_bad_config_file_exits_3_naming_the_key(short_dir: Path, toml: str, key: str) -> None:
+    file = short_dir / "c.toml"
+    file.write_text(toml + "\n")
+    result = subprocess.run(ttyserve_command("serve", "--config", str(file)),
+                            capture_output=True, timeout=20, text=True)
+    assert result.returncode == ServeExit.CONFIG
+    assert key in result.stderr
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"TTYSERVE_MAX_CONNECTIONS": "x"}, "TTYSERVE_MAX_CONNECTIONS"),
+    ({"TTYSERVE_INSECURE": "maybe"}, "TTYSERVE_INSECURE"),
+    ({"TTYSERVE_HANDSHAKE_TIMEOUT": "0"}, "TTYSERVE_HANDSHAKE_TIMEOUT"),
+])
+def test_bad_environment_exits_3_naming_it(env: dict[str, str], name: str) -> None:
+    import os
+
+    result = subprocess.run(ttyserve_command("serve"), capture_output=True, timeout=20,
+                            text=True, env={**os.environ, **env})
+    assert result.returncode == ServeExit.CONFIG
+    assert name in result.stderr
+
+
+def test_bad_flag_value_is_a_usage_error() -> None:
+    result = subprocess.run(ttyserve_command("serve", "--max-sessions", "0"),
+                            capture_output=True, timeout=20, text=True)
+    assert result.returncode == ServeExit.USAGE
+    assert "--max-sessions" in result.stderr
+
+
+@pytest.mark.parametrize("listen, extra, complaint", [
+    ("tcp:127.0.0.1:0", [], "need a token"),
+    ("tcp:0.0.0.0:0", ["--token-file", "TOKEN"], "needs TLS"),
+    ("tls:127.0.0.1:0", ["--token-file", "TOKEN"], "--tls-cert"),
+])
+def test_exposure_is_refused_by_default(short_dir: Path, listen: str, extra: list[str],
+                                        complaint: str) -> None:
+    token = short_dir / "token"
+    token.write_text("t")
+    token.chmod(0o600)
+    args = [str(token) if a == "TOKEN" else a for a in extra]
+    result = subprocess.run(ttyserve_command("serve", f"--listen={listen}", *args),
+                            capture_output=True, timeout=20, text=True)
+    assert result.returncode == ServeExit.CONFIG
+    assert complaint in result.stderr
+
+
+def test_token_file_readable_by_others_is_refused(short_dir: Path) -> None:
+    token = short_dir / "token"
+    token.write_text("t")
+    token.chmod(0o644)
+    result = subprocess.run(ttyserve_command("serve", "--listen=tcp:127.0.0.1:0",
+                                             "--token-file", str(token)),
+                            capture_output=True, timeout=20, text=True)
+    assert result.returncode == ServeExit.CONFIG
+    assert "readable by others" in result.stderr
+
+
+def test_insecure_allows_plain_tcp_and_says_so(short_dir: Path) -> None:
+    server = start_server(short_dir, "--insecure", listen=["tcp:127.0.0.1:0"])
+    try:
+        assert "without a token" in server.stderr_tail()
+    finally:
+        assert server.stop() == ServeExit.OK
+
+
+def test_a_config_file_can_carry_every_key(short_dir: Path) -> None:
+    token = short_dir / "token"
+    token.write_text("t")
+    token.chmod(0o600)
+    file = short_dir / "c.toml"
+    file.write_text(f"""
+listen = ["unix:{short_dir / 's.sock'}"]
+token_file = "{token}"
+insecure = false
+allow_uid = [65534]
+command = "/bin/sh -l"
+allow_command = ["/bin/*"]
+allow_env = ["LANG"]
+max_connections = 10
+max_sessions = 10
+max_sessions_per_connection = 2
+handshake_timeout = 5.0
+max_frame = 65536
+max_argv_bytes = 4096
+max_env_bytes = 4096
+max_cwd_bytes = 256
+linger = 0.5
+shutdown_timeout = 5.0
+journal = "{short_dir / 'journal.jsonl'}"
+""")
+    server = start_server(short_dir, "--config", str(file), listen=[], expect_lines=1)
+    try:
+        assert server.addresses == [f"unix:{short_dir / 's.sock'}"]
+    finally:
+        assert server.stop() == ServeExit.OK
