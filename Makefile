@@ -17,6 +17,10 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.run-installed
 
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@ $(VENV)/.test-installed $(VENV)/.run-installed
+
 serve: $(VENV)/.run-installed
 	$(BIN)/ttyserve serve $(ARGS)
 
@@ -26,6 +30,10 @@ lint: $(VENV)/.test-installed
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The benchmark suite (benchmarks/README.md): `make bench ARGS="--quick"` for a smoke run.
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks.run $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

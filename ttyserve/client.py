@@ -49,6 +49,7 @@ from .protocol.messages import (
     Signal,
     SignalName,
     Welcome,
+    Window,
 )
 
 READ_SIZE = 256 * 1024
@@ -112,6 +113,7 @@ class Session:
         self._receive: MemoryObjectReceiveStream[_Item]
         self._send, self._receive = anyio.create_memory_object_stream[_Item](SESSION_QUEUE)
         self._done = False
+        self._consumed = 0  # output taken since the last credit grant (with a window)
 
     # --- input --------------------------------------------------------------
 
@@ -166,6 +168,7 @@ class Session:
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise ConnectionLost("the session was cancelled") from None
             if isinstance(item, OutputChunk):
+                await self._grant(len(item.data))
                 return item
             if isinstance(item, Exit):
                 self.status = item
@@ -174,6 +177,19 @@ class Session:
             if isinstance(item, ConnectionLost):
                 raise item
             self.errors.append(item)
+
+    async def _grant(self, size: int) -> None:
+        """Give back output credit once half the window was taken (protocol section 7)."""
+        window = self._connection.window
+        if window is None or self._done:
+            return
+        self._consumed += size
+        if self._consumed >= window // 2:
+            grant, self._consumed = self._consumed, 0
+            try:
+                await self._control(Window(bytes=grant))
+            except ConnectionLost:
+                pass
 
     async def wait(self) -> Exit:
         """Discard remaining output and return the exit status."""
@@ -200,10 +216,12 @@ class Session:
 class Connection:
     """A connection to a ttyserve server; created by `connect`."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, multiplex: bool) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, multiplex: bool,
+                 window: int | None = None) -> None:
         self._stream = stream
         self._core = ClientConnection()
         self.multiplex = multiplex
+        self.window = window
         self.welcome: Welcome | None = None
         self._welcomed = anyio.Event()
         self._sessions: dict[int, Session] = {}
@@ -358,8 +376,13 @@ async def connect(
     multiplex: bool = False,
     client_name: str = f"ttyserve-python/{__version__}",
     tls: ssl.SSLContext | None = None,
+    window: int | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect and say `hello`; `open` may follow at once (pipelined).
+
+    With ``multiplex`` many sessions share the connection; a ``window`` (bytes)
+    then bounds what each may have in flight, so one slow reader stalls only
+    its own session. Credit is given back as the output is read.
 
     ``tls`` verifies a `tls:` server (default: the system's CAs). Raises OSError
     (ssl.SSLError for a server that cannot be verified) when the server cannot
@@ -369,9 +392,9 @@ async def connect(
         parse_address(address) if address else default_address())
     stream = await open_stream(addr, tls)
     async with stream:
-        connection = Connection(stream, multiplex)
+        connection = Connection(stream, multiplex, window)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
-                      multiplex=multiplex)
+                      multiplex=multiplex, window=window)
         await stream.send(connection._core.hello(hello))
         failure: BaseException | None = None
         async with anyio.create_task_group() as tg:

@@ -348,7 +348,9 @@ class ConnectionHandler:
                 ErrorCode.SPAWN_FAILED, str(exc.strerror or exc), errno=exc.errno or errno.EIO))
         self._sessions_started += 1
         self.state.sessions += 1
-        session = Session(channel, process, self._send_frame, self.core.exit, settings.linger)
+        hello = self.core.hello
+        session = Session(channel, process, self._send_frame, self.core.exit, settings.linger,
+                          hello.window if hello is not None else None)
         self.sessions[channel] = session
         if self.state.journal is not None:
             await self.state.journal.start(session_id, str(self.peer), spec.argv, spec.pty,

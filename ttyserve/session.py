@@ -18,13 +18,39 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .backends.base import OutputSource, ProcessHandle
 from .protocol.frames import FrameKind, encode_frame
-from .protocol.messages import Eof, Exit, Message, Resize, Signal
+from .protocol.messages import Eof, Exit, Message, Resize, Signal, Window
 
 DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
 INBOX_SIZE = 16  # stdin frames queued per session before the connection reader waits
 
+READ_SIZE = 256 * 1024  # the most one frame carries: one wake-up's worth of output
+
 SendFrame = Callable[[int, bytes], Awaitable[None]]
 InboxItem = bytes | Message
+
+
+class Credit:
+    """Output credit of one channel (protocol section 7); None when the client set no window."""
+
+    def __init__(self, initial: int | None) -> None:
+        self.available = initial
+        self._changed = anyio.Event()
+
+    async def wait(self) -> int:
+        """How many bytes may be read and sent now, once there is any credit."""
+        while self.available is not None and self.available <= 0:
+            await self._changed.wait()
+        return READ_SIZE if self.available is None else min(READ_SIZE, self.available)
+
+    def spend(self, size: int) -> None:
+        if self.available is not None:
+            self.available -= size
+
+    def grant(self, size: int) -> None:
+        if self.available is not None:
+            self.available += size
+            self._changed.set()
+            self._changed = anyio.Event()
 
 
 class Session:
@@ -37,8 +63,10 @@ class Session:
         send_frame: SendFrame,
         make_exit_frame: Callable[[int, Exit], bytes],
         linger: float = DEFAULT_LINGER,
+        window: int | None = None,
     ) -> None:
         self.channel = channel
+        self.credit = Credit(window)
         self.process = process
         self._send_frame = send_frame
         self._make_exit_frame = make_exit_frame
@@ -73,11 +101,13 @@ class Session:
         await self._inbox_send.send(Eof())
 
     def control(self, message: Message) -> None:
-        """Apply `resize` or `signal` at once: they do not wait behind stdin."""
+        """Apply `resize`, `signal` or `window` at once: they do not wait behind stdin."""
         if isinstance(message, Resize):
             self.process.resize(message.rows, message.cols)
         elif isinstance(message, Signal):
             self.process.send_signal(signal.Signals["SIG" + message.name])
+        elif isinstance(message, Window):
+            self.credit.grant(message.bytes)
 
     # --- the adapter --------------------------------------------------------
 
@@ -115,23 +145,26 @@ class Session:
             while not self._lingering_over:
                 with anyio.CancelScope() as scope:
                     self._read_scopes.add(scope)
-                    data = await source.receive()
+                    data = await source.receive(await self.credit.wait())
                 self._read_scopes.discard(scope)
                 if scope.cancelled_caught:
                     break
                 if not data:
                     return
-                self.bytes_out += len(data)
-                await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
+                await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            data = source.receive_nowait()
+            data = source.receive_nowait(await self.credit.wait())
             if data:
-                self.bytes_out += len(data)
-                await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
+                await self._send_output(kind, data)
         finally:
             self._open_outputs -= 1
             if self._open_outputs == 0:
                 self._outputs_done.set()
+
+    async def _send_output(self, kind: FrameKind, data: bytes) -> None:
+        self.bytes_out += len(data)
+        self.credit.spend(len(data))
+        await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
 
     async def _pump_input(self) -> None:
         broken = False

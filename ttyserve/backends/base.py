@@ -24,11 +24,11 @@ class ProcessSpec:
 class OutputSource(Protocol):
     """One output stream of a process (stdout, or stderr in pipe mode)."""
 
-    async def receive(self) -> bytes:
-        """The next chunk of output; ``b""`` at end of file."""
+    async def receive(self, limit: int) -> bytes:
+        """The next chunk of output, at most ``limit`` bytes; ``b""`` at end of file."""
         ...
 
-    def receive_nowait(self) -> bytes:
+    def receive_nowait(self, limit: int) -> bytes:
         """What can be read right now without waiting; ``b""`` when nothing is buffered."""
         ...
 

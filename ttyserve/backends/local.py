@@ -61,15 +61,15 @@ class FdSource:
             return b"" if self.eof else None
         return b"".join(chunks)
 
-    async def receive(self) -> bytes:
+    async def receive(self, limit: int = READ_SIZE) -> bytes:
         while True:
-            data = self._read(READ_SIZE)
+            data = self._read(limit)
             if data is not None:
                 return data
             await anyio.wait_readable(self.fd)
 
-    def receive_nowait(self) -> bytes:
-        return self._read(READ_SIZE) or b""
+    def receive_nowait(self, limit: int = READ_SIZE) -> bytes:
+        return self._read(limit) or b""
 
 
 class LocalProcess:

@@ -1,0 +1,1 @@
+"""ttyserve's benchmark suite: `make bench`, or `python -m benchmarks.run --help`."""

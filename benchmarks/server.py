@@ -1,0 +1,149 @@
+"""`ttyserve serve` as a subprocess: start, find its addresses, stop.
+
+This is the one place that knows which flags the installed ttyserve needs:
+it reads `serve --help` and `exec --help` and adds a token (`--token-file`),
+`--insecure` and raised connection limits when they exist, so that the
+workloads never have to care.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0
+LIMIT = 8192  # connections and sessions: the scale workload opens 1,000 at once
+
+
+class ServerFailed(RuntimeError):
+    """The server did not start (the message carries the tail of its stderr)."""
+
+
+@functools.cache
+def _flags(subcommand: str) -> frozenset[str]:
+    """The long options `ttyserve SUBCOMMAND --help` lists."""
+    result = subprocess.run([sys.executable, "-m", "ttyserve", subcommand, "--help"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    return frozenset(re.findall(r"--[a-z][a-z0-9-]*", result.stdout))
+
+
+def serve_flags() -> frozenset[str]:
+    return _flags("serve")
+
+
+def exec_flags() -> frozenset[str]:
+    return _flags("exec")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+class TtyserveServer:
+    """One `ttyserve serve` on a Unix socket in a temp dir and on 127.0.0.1:0."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.dir: Path | None = None
+        self.addresses: dict[str, str] = {}
+        self.token: str | None = None
+        self.token_file: str | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "the server is not running"
+        return self.process.pid
+
+    def address(self, transport: str) -> str:
+        return self.addresses[transport]
+
+    def _arguments(self, directory: Path) -> list[str]:
+        flags = serve_flags()
+        args = [sys.executable, "-m", "ttyserve", "serve",
+                "--listen", f"unix:{directory / 'ttyserve.sock'}",
+                "--listen", "tcp:127.0.0.1:0", "--command", "cat"]
+        if "--insecure" in flags:
+            args.append("--insecure")
+        if "--token-file" in flags:
+            self.token = secrets.token_urlsafe(24)
+            token_path = directory / "token"
+            fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write(self.token + "\n")
+            self.token_file = str(token_path)
+            args += ["--token-file", self.token_file]
+        for flag in ("--max-connections", "--max-sessions"):
+            if flag in flags:
+                args += [flag, str(LIMIT)]
+        if "--shutdown-timeout" in flags:
+            args += ["--shutdown-timeout", "5"]
+        return args
+
+    def start(self) -> None:
+        """Start the server and wait for its `listening` lines."""
+        directory = Path(tempfile.mkdtemp(prefix="srv-", dir=self.workdir))
+        self.dir = directory
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
+        out_path, err_path = directory / "stdout", directory / "stderr"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            self.process = subprocess.Popen(self._arguments(directory), stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=err, cwd=directory, env=env)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            lines = out_path.read_text(errors="replace").splitlines()
+            found = [line.split(" ", 1)[1] for line in lines if line.startswith("listening ")]
+            if len(found) >= 2:
+                for address in found:
+                    self.addresses[address.split(":", 1)[0]] = address
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        code, reason = self.process.poll(), _tail(err_path)
+        self.stop()
+        raise ServerFailed(f"ttyserve serve did not start (exit {code}): {reason}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not drain in time; remove its files."""
+        process, self.process = self.process, None
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.dir is not None:
+            for entry in self.dir.iterdir():
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            with contextlib.suppress(OSError):
+                self.dir.rmdir()
+            self.dir = None
+        self.addresses = {}
+
+    def stderr_tail(self) -> str:
+        return _tail(self.dir / "stderr") if self.dir is not None else ""
+
+    def exec_command(self, transport: str, argv: list[str], pty: bool = False) -> list[str]:
+        """The `ttyserve exec` command line that runs ``argv`` on this server."""
+        args = [sys.executable, "-m", "ttyserve", "exec", "--connect", self.address(transport)]
+        if self.token_file is not None and "--token-file" in exec_flags():
+            args += ["--token-file", self.token_file]
+        return [*args, "-t" if pty else "-T", "--", *argv]

@@ -1,0 +1,403 @@
+"""The compared systems: what each does for every workload primitive.
+
+A system starts (a server, if it has one), then answers the primitives the
+workloads time: stream a command's output, echo keystrokes, run short sessions,
+hold many sessions, stream through its command-line client. `raw` is the same
+work with no server in between; `ttyserve` is the server measured with the
+minimal blocking client (benchmarks/wire.py); `ttyserve-lib` is the same
+server through the project's anyio client library. The SSH peers live in
+peers.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import resource
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import procs
+from .procs import Usage
+from .server import TtyserveServer
+from .wire import WireSession
+
+ECHO_MARKER = b"R"  # printed by the echo command once its terminal is raw
+WARMUP_ROUNDS = 10  # untimed keystrokes before the timed ones
+now = time.perf_counter
+
+
+class NotApplicable(Exception):
+    """This system has no such measurement (printed as '-', not as a failure)."""
+
+
+@dataclass
+class Transfer:
+    """Bytes received from one session, and the time from connect to exit."""
+
+    nbytes: int
+    seconds: float
+
+
+@dataclass
+class SessionRun:
+    """Sequential short sessions: each one's latency and the whole run's time."""
+
+    latencies: list[float]
+    seconds: float
+
+
+@dataclass
+class ScaleRun:
+    """Many sessions held open at once."""
+
+    open_seconds: float
+    usage: Usage | None
+    latencies: list[float]
+
+
+@dataclass
+class ExecRun:
+    """A command-line client streaming to /dev/null: wall time and its own CPU."""
+
+    seconds: float
+    client_cpu: float | None
+
+
+Probe = Callable[[], Usage | None]
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_subprocess(argv: list[str]) -> ExecRun:
+    """Run ``argv`` with stdout to /dev/null; wall time and the CPU of what it started."""
+    before = children_cpu()
+    start = now()
+    result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, check=False, timeout=600)
+    seconds = now() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {result.returncode}: "
+                           f"{result.stderr.decode(errors='replace').strip()[-300:]}")
+    return ExecRun(seconds, children_cpu() - before)
+
+
+class System:
+    """Base: every primitive is NotApplicable until a system provides it."""
+
+    name = "?"
+    transports: tuple[str, ...] = ()
+
+    def unavailable(self) -> str | None:
+        """Why this system cannot run here, or None."""
+        return None
+
+    def start(self) -> None:
+        """Start what the system needs (its server); called once per workload."""
+
+    def stop(self) -> None:
+        """Stop and clean up everything start() started."""
+
+    def server_pids(self) -> list[int]:
+        return []
+
+    def cpu_pids(self) -> list[int]:
+        """The processes whose own CPU time is the server's cost."""
+        return self.server_pids()
+
+    def usage(self) -> Usage | None:
+        pids = self.server_pids()
+        return Usage.of(pids) if pids else None
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        raise NotApplicable
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        raise NotApplicable
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        raise NotApplicable
+
+    def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
+              transport: str) -> ScaleRun:
+        raise NotApplicable
+
+    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+        raise NotApplicable
+
+
+# --- raw: the same work with no server in between ----------------------------
+
+
+def _fd_echo(fd: int, rounds: int) -> list[float]:
+    """Keystroke round trips on a descriptor that is both the input and the output."""
+    latencies: list[float] = []
+    write, read = os.write, os.read
+    for index in range(WARMUP_ROUNDS + rounds):
+        start = now()
+        write(fd, b"x")
+        if read(fd, 16) != b"x":
+            raise RuntimeError("the echo came back wrong")
+        if index >= WARMUP_ROUNDS:
+            latencies.append(now() - start)
+    return latencies
+
+
+class RawSystem(System):
+    """Blocking reads of a local pty or pipe, and bare posix_spawn: the machine's limit."""
+
+    name = "raw"
+    transports = ("local",)
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        start = now()
+        if pty:
+            pid, output = procs.spawn_pty(argv)
+            close: Callable[[], None] = functools.partial(os.close, output)
+        else:
+            child = procs.spawn_pipes(argv)
+            pid, output, close = child.pid, child.stdout, child.close
+        try:
+            nbytes = procs.read_to_eof(output)
+        except BaseException:
+            close()
+            procs.reap_quietly(pid)
+            raise
+        close()
+        status = procs.wait_status(pid)
+        seconds = now() - start
+        if status != 0:
+            raise RuntimeError(f"{argv[0]} exited {status}")
+        return Transfer(nbytes, seconds)
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        pid, master = procs.spawn_pty(argv)
+        try:
+            procs.read_until(master, ECHO_MARKER)
+            return _fd_echo(master, rounds)
+        finally:
+            os.close(master)
+            procs.reap_quietly(pid)
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        path = procs.session_env().get("PATH", os.defpath)
+        executable = next((os.path.join(d, argv[0]) for d in path.split(os.pathsep)
+                           if os.access(os.path.join(d, argv[0]), os.X_OK)), argv[0])
+        env = procs.session_env()
+        latencies: list[float] = []
+        start = now()
+        for _ in range(count):
+            begin = now()
+            pid = os.posix_spawn(executable, argv, env)
+            status = procs.wait_status(pid)
+            latencies.append(now() - begin)
+            if status != 0:
+                raise RuntimeError(f"{argv[0]} exited {status}")
+        return SessionRun(latencies, now() - start)
+
+    def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
+              transport: str) -> ScaleRun:
+        held: list[tuple[int, int]] = []
+        try:
+            start = now()
+            for _ in range(count):
+                pid, master = procs.spawn_pty(argv)
+                held.append((pid, master))
+                procs.read_until(master, ECHO_MARKER)
+            opened = now() - start
+            latencies = _fd_echo(held[-1][1], rounds)
+        finally:
+            for _, master in held:
+                os.close(master)
+            for pid, _ in held:
+                procs.reap_quietly(pid)
+        return ScaleRun(opened, Usage(None, count), latencies)
+
+    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+        run = timed_subprocess(["sh", "-c", shlex.join(argv) + " | cat"])
+        return ExecRun(run.seconds, None)
+
+
+# --- ttyserve ------------------------------------------------------------------
+
+
+def _wire_echo(session: WireSession, rounds: int) -> list[float]:
+    latencies: list[float] = []
+    for index in range(WARMUP_ROUNDS + rounds):
+        start = now()
+        session.send(b"x")
+        if session.read_data() != b"x":
+            raise RuntimeError("the echo came back wrong")
+        if index >= WARMUP_ROUNDS:
+            latencies.append(now() - start)
+    return latencies
+
+
+class TtyserveSystem(System):
+    """A `ttyserve serve` subprocess, driven by the minimal blocking client."""
+
+    name = "ttyserve"
+    transports = ("unix", "tcp")
+
+    def __init__(self, workdir: str) -> None:
+        self.server = TtyserveServer(workdir)
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def server_pids(self) -> list[int]:
+        return [self.server.pid]
+
+    def _session(self, transport: str) -> WireSession:
+        return WireSession(self.server.address(transport), self.server.token)
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        start = now()
+        with self._session(transport) as session:
+            session.start(argv, pty=pty)
+            nbytes = session.count_until_exit()
+            status = session.exit
+        seconds = now() - start
+        if status is None or status.get("code") != 0:
+            raise RuntimeError(f"{argv[0]}: exit {status}")
+        return Transfer(nbytes, seconds)
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        with self._session(transport) as session:
+            session.start(argv, pty=True)
+            session.read_until(ECHO_MARKER)
+            return _wire_echo(session, rounds)
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        latencies: list[float] = []
+        start = now()
+        for _ in range(count):
+            begin = now()
+            with self._session(transport) as session:
+                session.start(argv, pty=False)
+                session.count_until_exit()
+                latencies.append(now() - begin)
+                if session.exit is None or session.exit.get("code") != 0:
+                    raise RuntimeError(f"{argv[0]}: exit {session.exit}")
+        return SessionRun(latencies, now() - start)
+
+    def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
+              transport: str) -> ScaleRun:
+        held: list[WireSession] = []
+        try:
+            start = now()
+            for _ in range(count):
+                session = self._session(transport)
+                held.append(session)
+                session.start(argv, pty=True)
+                session.read_until(ECHO_MARKER)
+            opened = now() - start
+            usage = probe()
+            latencies = _wire_echo(held[-1], rounds)
+        finally:
+            for session in held:
+                session.close()
+        return ScaleRun(opened, usage, latencies)
+
+    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+        return timed_subprocess(self.server.exec_command(transport, argv))
+
+
+class TtyserveLibSystem(TtyserveSystem):
+    """The same server through the project's client library (anyio on asyncio)."""
+
+    name = "ttyserve-lib"
+
+    def _connect(self, transport: str) -> Any:
+        from ttyserve.client import connect
+
+        kwargs: dict[str, Any] = {}
+        if self.server.token is not None and "token" in inspect.signature(connect).parameters:
+            kwargs["token"] = self.server.token
+        return connect(self.server.address(transport), **kwargs)
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        import anyio
+
+        async def main() -> Transfer:
+            start = now()
+            nbytes = 0
+            async with self._connect(transport) as conn:
+                session = await conn.spawn(argv, pty=pty)
+                async for chunk in session:
+                    nbytes += len(chunk.data)
+                status = session.status
+            seconds = now() - start
+            if status is None or status.code != 0:
+                raise RuntimeError(f"{argv[0]}: exit {status}")
+            return Transfer(nbytes, seconds)
+
+        result: Transfer = anyio.run(main, backend="asyncio")
+        return result
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        import anyio
+
+        async def main() -> list[float]:
+            latencies: list[float] = []
+            async with self._connect(transport) as conn:
+                session = await conn.spawn(argv, pty=True)
+                seen = b""
+                while ECHO_MARKER not in seen:
+                    chunk = await session.receive()
+                    if chunk is None:
+                        raise RuntimeError("the echo command exited")
+                    seen += chunk.data
+                for index in range(WARMUP_ROUNDS + rounds):
+                    start = now()
+                    await session.send(b"x")
+                    chunk = await session.receive()
+                    if chunk is None or chunk.data != b"x":
+                        raise RuntimeError("the echo came back wrong")
+                    if index >= WARMUP_ROUNDS:
+                        latencies.append(now() - start)
+                await session.cancel()
+            return latencies
+
+        result: list[float] = anyio.run(main, backend="asyncio")
+        return result
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        import anyio
+
+        async def main() -> SessionRun:
+            latencies: list[float] = []
+            start = now()
+            for _ in range(count):
+                begin = now()
+                async with self._connect(transport) as conn:
+                    session = await conn.spawn(argv, pty=False)
+                    status = await session.wait()
+                    latencies.append(now() - begin)
+                if status.code != 0:
+                    raise RuntimeError(f"{argv[0]}: exit {status}")
+            return SessionRun(latencies, now() - start)
+
+        result: SessionRun = anyio.run(main, backend="asyncio")
+        return result
+
+    def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
+              transport: str) -> ScaleRun:
+        raise NotApplicable
+
+    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+        raise NotApplicable

@@ -1,0 +1,284 @@
+"""The six workloads of the performance issue: what each runs, measures and targets.
+
+A workload turns one run of one system into a dict of metric values; the
+runner (run.py) alternates systems, repeats, and summarizes. Targets compare
+the `ttyserve` column with another column (a ratio) or with a fixed bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .procs import Usage, cpu_seconds
+from .stats import Summary, number, percentile
+from .systems import System
+
+ECHO_ARGV = ["sh", "-c", "stty raw -echo && printf R && exec cat"]
+TARGET_SYSTEM = "ttyserve"
+MB = 1e6
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work one run does."""
+
+    pty_bytes: int
+    pipe_bytes: int
+    echo_rounds: int
+    sessions: int
+    scale_sessions: int
+    scale_rounds: int
+    exec_bytes: int
+
+
+FULL = Sizes(pty_bytes=100_000_000, pipe_bytes=1 << 30, echo_rounds=2000, sessions=200,
+             scale_sessions=1000, scale_rounds=500, exec_bytes=1 << 30)
+QUICK = Sizes(pty_bytes=8_000_000, pipe_bytes=64 << 20, echo_rounds=200, sessions=20,
+              scale_sessions=50, scale_rounds=50, exec_bytes=64 << 20)
+
+
+@dataclass
+class Context:
+    """What every workload of one run shares."""
+
+    workdir: str
+    sizes: Sizes
+    transport: str  # "tcp" or "unix": how ttyserve is reached where a workload does not say
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """`ttyserve`'s median ``op`` ``bound`` (times the ``versus`` column's median, if given)."""
+
+    metric: str
+    op: str  # ">=", "<=" or "<"
+    bound: float
+    versus: str | None = None
+
+    def describe(self) -> str:
+        if self.versus is None:
+            return f"{self.op}{self.bound:g}"
+        return f"{self.op}{self.bound:g}x {self.versus}"
+
+    def check(self, column: dict[str, Summary]) -> tuple[bool | None, str]:
+        """(met, shown value); met is None when a needed column is missing."""
+        ours = column.get(TARGET_SYSTEM)
+        if ours is None:
+            return None, f"n/a (no {TARGET_SYSTEM})"
+        value = ours.median
+        if self.versus is not None:
+            other = column.get(self.versus)
+            if other is None or other.median == 0:
+                return None, f"n/a (no {self.versus})"
+            value = value / other.median
+        met = {">=": value >= self.bound, "<=": value <= self.bound,
+               "<": value < self.bound}[self.op]
+        shown = f"{number(value)}x" if self.versus is not None else number(value)
+        return met, f"{'yes' if met else 'NO'} ({shown})"
+
+
+@dataclass
+class Workload:
+    """One workload: its metrics, targets, the systems it compares, how to run it once."""
+
+    name: str
+    title: str
+    metrics: list[Metric]
+    targets: list[Target]
+    systems: tuple[str, ...]
+    measure: Callable[[System, Context], dict[str, float]]
+    prepare: Callable[[Context], None] = field(default=lambda ctx: None)
+    fresh_server_per_rep: bool = False
+    reps: int = 5  # repetitions of a full run (sized so that `make bench` takes under 10 min)
+
+
+# --- 1. PTY output -------------------------------------------------------------
+
+
+def text_file(ctx: Context) -> Path:
+    return Path(ctx.workdir) / "text.txt"
+
+
+def make_text_file(ctx: Context) -> None:
+    """A text file of printable lines (80 columns), ctx.sizes.pty_bytes long."""
+    path = text_file(ctx)
+    if path.exists() and path.stat().st_size == ctx.sizes.pty_bytes:
+        return
+    line = bytes(range(33, 112)) + b"\n"
+    block = line * (1024 * 1024 // len(line))
+    with open(path, "wb") as file:
+        remaining = ctx.sizes.pty_bytes
+        while remaining > 0:
+            remaining -= file.write(block[:remaining])
+
+
+def measure_pty_output(system: System, ctx: Context) -> dict[str, float]:
+    result = system.stream(["cat", str(text_file(ctx))], pty=True, transport=ctx.transport)
+    if result.nbytes < ctx.sizes.pty_bytes:
+        raise RuntimeError(f"received {result.nbytes} of {ctx.sizes.pty_bytes} bytes")
+    return {"mbps": result.nbytes / result.seconds / MB}
+
+
+# --- 2. Pipe output ------------------------------------------------------------
+
+
+def server_cpu(system: System) -> float | None:
+    pids = system.cpu_pids()
+    return sum(cpu_seconds(pid) for pid in pids) if pids else None
+
+
+def measure_pipe_output(system: System, ctx: Context) -> dict[str, float]:
+    size = ctx.sizes.pipe_bytes
+    before = server_cpu(system)
+    result = system.stream(["head", "-c", str(size), "/dev/zero"], pty=False,
+                           transport=ctx.transport)
+    after = server_cpu(system)
+    if result.nbytes != size:
+        raise RuntimeError(f"received {result.nbytes} of {size} bytes")
+    values = {"mbps": result.nbytes / result.seconds / MB}
+    if before is not None and after is not None:
+        values["cpu_per_gb"] = (after - before) / (result.nbytes / GB)
+    return values
+
+
+# --- 3. Keystroke echo -----------------------------------------------------------
+
+
+def measure_echo(system: System, ctx: Context) -> dict[str, float]:
+    latencies = system.echo(ECHO_ARGV, ctx.sizes.echo_rounds, transport=ctx.transport)
+    return {"p50_us": percentile(latencies, 50) * 1e6, "p99_us": percentile(latencies, 99) * 1e6}
+
+
+# --- 4. Session rate -------------------------------------------------------------
+
+
+def measure_session_rate(system: System, ctx: Context) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for transport in ("unix", "tcp"):
+        used: str | None = transport if transport in system.transports else None
+        if used is None and system.transports == ("local",):
+            used = "local"
+        if used is None:
+            continue
+        if used == "local" and values:
+            values[f"rate_{transport}"] = values["rate_unix"]
+            values[f"p50_ms_{transport}"] = values["p50_ms_unix"]
+            continue
+        run = system.sessions(["true"], ctx.sizes.sessions, transport=used)
+        values[f"rate_{transport}"] = len(run.latencies) / run.seconds
+        values[f"p50_ms_{transport}"] = percentile(run.latencies, 50) * 1e3
+    return values
+
+
+# --- 5. Scale ----------------------------------------------------------------------
+
+
+def settled_usage(system: System, quiet: float = 1.0, timeout: float = 20.0) -> Usage | None:
+    """The server's usage once its descriptor count has not changed for ``quiet`` seconds."""
+    usage = system.usage()
+    if usage is None:
+        return None
+    deadline = time.monotonic() + timeout
+    since = time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.05)
+        current = system.usage()
+        assert current is not None
+        if current.fds != usage.fds:
+            since = time.monotonic()
+        usage = current
+    return usage
+
+
+def measure_scale(system: System, ctx: Context) -> dict[str, float]:
+    count = ctx.sizes.scale_sessions
+    system.scale(ECHO_ARGV, 1, 1, probe=lambda: None, transport=ctx.transport)  # warm up
+    base = settled_usage(system)
+    run = system.scale(ECHO_ARGV, count, ctx.sizes.scale_rounds, probe=system.usage,
+                       transport=ctx.transport)
+    values = {
+        "open_rate": count / run.open_seconds,
+        "echo_p50_ms": percentile(run.latencies, 50) * 1e3,
+        "echo_p99_ms": percentile(run.latencies, 99) * 1e3,
+    }
+    if run.usage is not None:
+        values["fds"] = run.usage.fds
+        if base is not None:
+            values["fds_per_session"] = (run.usage.fds - base.fds) / count
+            if run.usage.rss_kib is not None and base.rss_kib is not None:
+                values["rss_kib_per_session"] = (run.usage.rss_kib - base.rss_kib) / count
+            after = settled_usage(system)
+            if after is not None:
+                values["fds_left"] = after.fds - base.fds
+        else:
+            values["fds_per_session"] = run.usage.fds / count
+    return values
+
+
+# --- 6. Client cost ------------------------------------------------------------------
+
+
+def measure_client_cost(system: System, ctx: Context) -> dict[str, float]:
+    size = ctx.sizes.exec_bytes
+    run = system.exec_stream(["head", "-c", str(size), "/dev/zero"], transport=ctx.transport)
+    values = {"mbps": size / run.seconds / MB}
+    if run.client_cpu is not None:
+        values["client_cpu_per_gb"] = run.client_cpu / (size / GB)
+    values["startup_ms"] = system.exec_stream(["true"], transport=ctx.transport).seconds * 1e3
+    return values
+
+
+ALL_SYSTEMS = ("raw", "ttyserve", "ttyserve-lib", "asyncssh", "openssh")
+
+WORKLOADS = [
+    Workload(
+        "pty_output", "PTY output: cat of a text file under a PTY",
+        [Metric("mbps", "MB/s")],
+        [Target("mbps", ">=", 0.9, "raw")],
+        ALL_SYSTEMS, measure_pty_output, prepare=make_text_file),
+    Workload(
+        "pipe_output", "Pipe output: head -c SIZE /dev/zero in pipe mode",
+        [Metric("mbps", "MB/s"), Metric("cpu_per_gb", "server CPU s/GB")],
+        [Target("mbps", ">=", 0.5, "raw"), Target("mbps", ">=", 10, "asyncssh")],
+        ALL_SYSTEMS, measure_pipe_output),
+    Workload(
+        "echo", "Keystroke echo: 1-byte writes to cat under a raw PTY",
+        [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
+        [Target("p50_us", "<=", 0.3, "asyncssh"), Target("p99_us", "<=", 0.5, "asyncssh")],
+        ALL_SYSTEMS, measure_echo),
+    Workload(
+        "session_rate", "Session rate: sequential `true` sessions, a new connection each",
+        [Metric("rate_unix", "sessions/s unix"), Metric("p50_ms_unix", "p50 ms unix"),
+         Metric("rate_tcp", "sessions/s tcp"), Metric("p50_ms_tcp", "p50 ms tcp")],
+        [Target("rate_unix", ">=", 0.5, "raw"), Target("rate_tcp", ">=", 0.5, "raw"),
+         Target("rate_tcp", ">=", 4, "asyncssh")],
+        ALL_SYSTEMS, measure_session_rate),
+    Workload(
+        "scale", "Scale: N concurrent PTY sessions on one server",
+        [Metric("rss_kib_per_session", "server RSS KiB/session"), Metric("fds", "server fds"),
+         Metric("fds_per_session", "fds/session"), Metric("fds_left", "fds left after close"),
+         Metric("echo_p50_ms", "last echo p50 ms"), Metric("echo_p99_ms", "last echo p99 ms"),
+         Metric("open_rate", "opens/s")],
+        [Target("rss_kib_per_session", "<=", 32), Target("echo_p50_ms", "<", 20)],
+        ("raw", "ttyserve", "asyncssh", "openssh"), measure_scale, fresh_server_per_rep=True,
+        reps=3),
+    Workload(
+        "client_cost", "Client cost: a CLI client streaming head -c SIZE /dev/zero to /dev/null",
+        [Metric("mbps", "MB/s"), Metric("client_cpu_per_gb", "client CPU s/GB"),
+         Metric("startup_ms", "ms to run `true`")],
+        [Target("mbps", ">=", 0.5, "raw")],
+        ("raw", "ttyserve", "asyncssh", "openssh"), measure_client_cost, reps=3),
+]
+
+BY_NAME = {workload.name: workload for workload in WORKLOADS}
+
