@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import __version__
 from .auth import AuthThrottle, Peer, token_matches
 from .backends.base import Backend, ProcessSpec
 from .journal import Journal, Reason, new_session_id
+from .outbox import Outbox
 from .policy import Policy
 from .protocol.connection import (
     CancelRequested,
@@ -37,15 +37,14 @@ from .protocol.errors import ErrorCode, ProtocolError, RequestError
 from .protocol.frames import DEFAULT_MAX_FRAME
 from .protocol.messages import Eof, Exit, Hello, Open
 from .session import DEFAULT_LINGER, Session
+from .transport import Transport
 
 log = logging.getLogger("ttyserve")
 
 READ_SIZE = 256 * 1024
-WRITE_QUEUE = 16  # frames queued per connection; each is at most one read (256 KiB)
-WRITE_BATCH = 256 * 1024  # queued frames joined into one send, up to this many bytes
 CLOSE_TIMEOUT = 2.0  # seconds to flush, send EOF and drain the client's bytes at the end
 BUSY_RETRY_MS = 1000  # the hint sent with `busy`
-_ALWAYS = 0  # writer-queue key for frames that are never dropped (channel 0, errors)
+_ALWAYS = 0  # outbox key for frames that are never dropped (channel 0, errors)
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
@@ -91,24 +90,17 @@ def busy(message: str) -> RequestError:
 class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, state: ServerState, peer: Peer) -> None:
-        self.stream = stream
+    def __init__(self, transport: Transport, state: ServerState, peer: Peer) -> None:
+        self.transport = transport
+        self.outbox = Outbox(transport)
         self.state = state
         self.peer = peer
         self.core = ServerConnection(state.settings.max_frame)
         self.sessions: dict[int, Session] = {}
         self._scopes: dict[int, anyio.CancelScope] = {}
-        self._dropped: set[int] = set()
         self._multiplex = False
         self._sessions_started = 0
-        self._out_send: MemoryObjectSendStream[tuple[int, bytes]]
-        self._out_receive: MemoryObjectReceiveStream[tuple[int, bytes]]
-        self._out_send, self._out_receive = anyio.create_memory_object_stream[tuple[int, bytes]](
-            WRITE_QUEUE
-        )
         self._read_scope = anyio.CancelScope()
-        self._writer_done = anyio.Event()
-        self._broken = False
         self._draining = False
         self._session_group: anyio.abc.TaskGroup | None = None
 
@@ -133,16 +125,16 @@ class ConnectionHandler:
                     self._session_group.cancel_scope.cancel()
                 with anyio.move_on_after(CLOSE_TIMEOUT):
                     await self._flush_core()
-                self._out_send.close()
+                self.outbox.close()
                 with anyio.move_on_after(CLOSE_TIMEOUT):
-                    await self._writer_done.wait()
+                    await self.outbox.done.wait()
                 tg.cancel_scope.cancel()
-            if not self._broken:
+            if not self.outbox.broken:
                 await self._close_gracefully()
         finally:
             self.state.remove_handler(self)
             with anyio.CancelScope(shield=True):
-                await self.stream.aclose()
+                await self.transport.aclose()
 
     def _handshake_pending(self) -> bool:
         return self.core.hello is None or (not self._multiplex and not self._sessions_started
@@ -169,21 +161,18 @@ class ConnectionHandler:
         with anyio.move_on_after(CLOSE_TIMEOUT):
             try:
                 try:
-                    await self.stream.send_eof()
+                    await self.transport.send_eof()
                 except NotImplementedError:
                     pass
                 while True:
-                    await self.stream.receive(READ_SIZE)
+                    await self.transport.receive(READ_SIZE)
             except _GONE:
                 pass
 
     # --- writer ------------------------------------------------------------
 
-    async def _send_frame(self, channel: int, frame: bytes) -> None:
-        try:
-            await self._out_send.send((channel, frame))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await anyio.sleep_forever()  # the connection is being torn down around us
+    async def _send_frame(self, channel: int, *parts: bytes) -> None:
+        await self.outbox.send(channel, *parts)
 
     async def _flush_core(self) -> None:
         data = self.core.data_to_send()
@@ -191,35 +180,16 @@ class ConnectionHandler:
             await self._send_frame(_ALWAYS, data)
 
     async def _write_loop(self) -> None:
-        receive = self._out_receive
-        try:
-            async with receive:
-                async for channel, frame in receive:
-                    if channel in self._dropped:
-                        continue
-                    batch = [frame]
-                    size = len(frame)
-                    while size < WRITE_BATCH:
-                        try:
-                            channel, frame = receive.receive_nowait()
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                        if channel not in self._dropped:
-                            batch.append(frame)
-                            size += len(frame)
-                    await self.stream.send(batch[0] if len(batch) == 1 else b"".join(batch))
-        except _GONE:
-            self._broken = True
-            self._read_scope.cancel()
-        finally:
-            self._writer_done.set()
+        await self.outbox.run()
+        if self.outbox.broken:
+            self._read_scope.cancel()  # the peer is gone: tear the connection down
 
     # --- reader ------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         while True:
             try:
-                data = await self.stream.receive(READ_SIZE)
+                data = await self.transport.receive(READ_SIZE)
             except _GONE:
                 return
             try:
@@ -261,7 +231,7 @@ class ConnectionHandler:
         elif isinstance(event, OpenRequested):
             return await self._open(event.channel, event.request)
         elif isinstance(event, CancelRequested):
-            self._dropped.add(event.channel)
+            self.outbox.dropped.add(event.channel)
             scope = self._scopes.get(event.channel)
             if scope is not None:
                 scope.cancel()

@@ -29,6 +29,7 @@ from .journal import Journal
 from .protocol.connection import control_frame, error_message
 from .protocol.errors import ErrorCode, RequestError
 from .protocol.frames import FrameKind
+from .transport import SocketTransport, StreamTransport, Transport, send_all
 
 log = logging.getLogger("ttyserve")
 
@@ -144,57 +145,56 @@ class Server:
                 continue
             connections.start_soon(self._serve_connection, sock, transport)
 
-    async def _serve_connection(self, sock: socket.socket, transport: str) -> None:
+    async def _serve_connection(self, sock: socket.socket, transport_kind: str) -> None:
         try:
-            peer = peer_of(sock, transport)
+            peer = peer_of(sock, transport_kind)
         except OSError:
             sock.close()
             return
-        # anyio's transport-based stream: a cancelled receive cannot race a
-        # ready callback, and a cancelled send never leaves half a frame.
-        stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
+        transport: Transport = SocketTransport(sock)
         if len(self.state.handlers) >= self.max_connections:
             log.warning("%s: refused: %d connections open", peer, len(self.state.handlers))
-            await refuse_busy(stream, self.max_connections)
+            await refuse_busy(transport, self.max_connections)
             return
-        if transport == "tls":
+        if transport_kind == "tls":
             assert self.tls is not None
+            tls_stream = None
             with anyio.move_on_after(self.state.settings.handshake_timeout):
                 try:
-                    stream = await TLSStream.wrap(stream, server_side=True,
-                                                  ssl_context=self.tls,
-                                                  standard_compatible=False)
+                    stream = await anyio.abc.SocketStream.from_socket(sock)
+                    tls_stream = await TLSStream.wrap(stream, server_side=True,
+                                                      ssl_context=self.tls,
+                                                      standard_compatible=False)
                 except (ssl.SSLError, OSError, anyio.BrokenResourceError,
                         anyio.EndOfStream) as exc:
                     log.info("%s: TLS handshake failed: %s", peer, exc)
-                    await stream.aclose()
-                    return
-            if not isinstance(stream, TLSStream):
+            if tls_stream is None:
                 log.info("%s: no TLS handshake in time", peer)
-                await stream.aclose()
+                await transport.aclose()
                 return
-        handler = ConnectionHandler(stream, self.state, peer)
+            transport = StreamTransport(tls_stream)
+        handler = ConnectionHandler(transport, self.state, peer)
         try:
             await handler.run()
         except Exception:  # one connection's bug must not take the server down
             log.exception("connection %s failed", handler.peer)
 
 
-async def refuse_busy(stream: anyio.abc.ByteStream, limit: int) -> None:
+async def refuse_busy(transport: Transport, limit: int) -> None:
     """Answer `busy` on channel 0 to a connection over the limit, then close it."""
     error = RequestError(ErrorCode.BUSY, f"the server has its maximum of {limit} connections",
                          retry_after_ms=BUSY_RETRY_MS)
     frame = control_frame(FrameKind.CTRL_OUT, 0, error_message(error))
     with anyio.move_on_after(1):
         try:
-            await stream.send(frame)
-            await stream.send_eof()
+            await send_all(transport, frame)
+            await transport.send_eof()
             while True:
-                await stream.receive()
+                await transport.receive(4096)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                 OSError):
             pass
-    await stream.aclose()
+    await transport.aclose()
 
 
 def login_shell() -> list[str]:

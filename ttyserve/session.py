@@ -1,32 +1,33 @@
-"""The session adapter: one process, one channel, three pumps, the exit frame last.
+"""The session adapter: one process, one channel, the exit frame last.
 
-Per session one task group runs: the output pumps (stdout and, in pipe mode,
-stderr -> client), the input pump (client -> stdin), and the exit watcher.
-Only the exit watcher writes the `exit` frame, and only after the process is
-reaped and its output has reached end-of-file or the linger grace has run out.
+Per session one task group runs the output pumps (stdout and, in pipe mode,
+stderr -> client) while the session's own task awaits the process; stdin is
+written straight from the connection's reader when the process takes it, and
+only what would block goes through an input pump started for the purpose.
+Only `run` writes the `exit` frame, and only after the process is reaped and
+its output has reached end-of-file or the linger grace has run out.
 Cancelling the session's scope is the cancel path: the process group is hung
 up, killed after a grace, reaped, and nothing more is sent.
 """
 
 from __future__ import annotations
 
+import collections
 import signal
 from collections.abc import Awaitable, Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import anyio.abc
 
 from .backends.base import OutputSource, ProcessHandle
-from .protocol.frames import FrameKind, encode_frame
+from .protocol.frames import HEADER, FrameKind
 from .protocol.messages import Eof, Exit, Message, Resize, Signal, Window
 
 DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
-INBOX_SIZE = 16  # stdin frames queued per session before the connection reader waits
-
 READ_SIZE = 256 * 1024  # the most one frame carries: one wake-up's worth of output
+STDIN_LIMIT = 1 << 20  # stdin bytes queued for a process that does not read before we wait
 
-SendFrame = Callable[[int, bytes], Awaitable[None]]
-InboxItem = bytes | Message
+SendFrame = Callable[..., Awaitable[None]]  # (channel, *parts)
 
 
 class Credit:
@@ -66,16 +67,17 @@ class Session:
         window: int | None = None,
     ) -> None:
         self.channel = channel
-        self.credit = Credit(window)
         self.process = process
+        self.credit = Credit(window)
         self._send_frame = send_frame
         self._make_exit_frame = make_exit_frame
         self._linger = linger
-        self._inbox_send: MemoryObjectSendStream[InboxItem]
-        self._inbox_receive: MemoryObjectReceiveStream[InboxItem]
-        self._inbox_send, self._inbox_receive = anyio.create_memory_object_stream[InboxItem](
-            INBOX_SIZE
-        )
+        self._stdin: collections.deque[bytes | Eof] = collections.deque()
+        self._stdin_queued = 0
+        self._stdin_space = anyio.Event()
+        self._stdin_broken = False
+        self._input_pump_running = False
+        self._task_group: anyio.abc.TaskGroup | None = None
         self._read_scopes: set[anyio.CancelScope] = set()
         self._lingering_over = False
         self._open_outputs = 2 if process.stderr is not None else 1
@@ -92,13 +94,28 @@ class Session:
     # --- called by the connection ------------------------------------------
 
     async def feed_stdin(self, data: bytes) -> None:
-        """Queue stdin bytes; waits while the inbox is full (backpressure)."""
+        """Write stdin now if the process takes it, else queue it (waiting while too much is)."""
         self.bytes_in += len(data)
-        await self._inbox_send.send(data)
+        if self._stdin_broken:
+            return
+        if not self._stdin and not self._input_pump_running:
+            try:
+                written = self.process.write_nowait(data)
+            except anyio.BrokenResourceError:
+                self._stdin_broken = True
+                return
+            if written == len(data):
+                return
+            data = data[written:]
+        self._queue_input(data)
+        while self._stdin_queued > STDIN_LIMIT and not self._stdin_broken:
+            if self._stdin_space.is_set():
+                self._stdin_space = anyio.Event()
+            await self._stdin_space.wait()
 
     async def feed_eof(self) -> None:
-        """Queue end-of-input behind the stdin already queued."""
-        await self._inbox_send.send(Eof())
+        """End-of-input, behind the stdin already queued."""
+        self._queue_input(Eof())
 
     def control(self, message: Message) -> None:
         """Apply `resize`, `signal` or `window` at once: they do not wait behind stdin."""
@@ -115,30 +132,24 @@ class Session:
         """Pump until the exit frame is queued; on cancellation, kill and reap, send nothing."""
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._pump_input)
-                async with anyio.create_task_group() as outputs:
-                    outputs.start_soon(self._pump_output, self.process.stdout, FrameKind.STDOUT)
-                    if self.process.stderr is not None:
-                        outputs.start_soon(
-                            self._pump_output, self.process.stderr, FrameKind.STDERR
-                        )
-                    outputs.start_soon(self._watch_exit)
-                status = self.status
-                assert status is not None
+                self._task_group = tg
+                self._start_input_pump()
+                tg.start_soon(self._pump_output, self.process.stdout, FrameKind.STDOUT)
+                if self.process.stderr is not None:
+                    tg.start_soon(self._pump_output, self.process.stderr, FrameKind.STDERR)
+                status = self.status = await self.process.wait()
+                with anyio.move_on_after(self._linger):
+                    await self._outputs_done.wait()
+                self._lingering_over = True
+                for scope in self._read_scopes:
+                    scope.cancel()
+                await self._outputs_done.wait()  # the pumps send what is buffered, then stop
                 await self._send_frame(self.channel, self._make_exit_frame(self.channel, status))
                 tg.cancel_scope.cancel()
-            assert status is not None
             return status
         finally:
+            self._task_group = None
             await self.process.aclose()
-
-    async def _watch_exit(self) -> None:
-        self.status = await self.process.wait()
-        with anyio.move_on_after(self._linger):
-            await self._outputs_done.wait()
-        self._lingering_over = True
-        for scope in self._read_scopes:
-            scope.cancel()
 
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
         try:
@@ -164,18 +175,39 @@ class Session:
     async def _send_output(self, kind: FrameKind, data: bytes) -> None:
         self.bytes_out += len(data)
         self.credit.spend(len(data))
-        await self._send_frame(self.channel, encode_frame(kind, self.channel, data))
+        await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
+
+    # --- input that has to wait ---------------------------------------------
+
+    def _queue_input(self, item: bytes | Eof) -> None:
+        self._stdin.append(item)
+        if isinstance(item, bytes):
+            self._stdin_queued += len(item)
+        self._start_input_pump()
+
+    def _start_input_pump(self) -> None:
+        if self._stdin and not self._input_pump_running and self._task_group is not None:
+            self._input_pump_running = True
+            self._task_group.start_soon(self._pump_input)
 
     async def _pump_input(self) -> None:
-        broken = False
-        async with self._inbox_receive:
-            async for item in self._inbox_receive:
-                if broken:
-                    continue  # the process closed its input: drop the rest, keep draining
+        """Write queued stdin as the process takes it; end when the queue is empty."""
+        try:
+            while self._stdin:
+                item = self._stdin[0]
                 try:
                     if isinstance(item, bytes):
-                        await self.process.send_stdin(item)
-                    elif isinstance(item, Eof):
+                        if not self._stdin_broken:
+                            await self.process.send_stdin(item)
+                    else:
                         await self.process.send_eof()
                 except anyio.BrokenResourceError:
-                    broken = True
+                    self._stdin_broken = True  # the process closed its input: drop the rest
+                self._stdin.popleft()
+                if isinstance(item, bytes):
+                    self._stdin_queued -= len(item)
+                    if self._stdin_queued <= STDIN_LIMIT:
+                        self._stdin_space.set()
+        finally:
+            self._input_pump_running = False
+            self._stdin_space.set()

@@ -50,6 +50,13 @@ class ProcessHandle(Protocol):
         """How the process ended, once it was reaped."""
         ...
 
+    def write_nowait(self, data: bytes) -> int:
+        """Write what the process's input takes now; the number of bytes written.
+
+        Raises anyio.BrokenResourceError when the input is closed for good.
+        """
+        ...
+
     async def send_stdin(self, data: bytes) -> None:
         """Write to the process's stdin or terminal; raises anyio.BrokenResourceError if gone."""
         ...

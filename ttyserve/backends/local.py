@@ -151,19 +151,24 @@ class LocalProcess:
     def resize(self, rows: int, cols: int) -> None:
         return None
 
+    def write_nowait(self, data: bytes | memoryview) -> int:
+        fd = self._stdin_fd
+        if fd is None:
+            raise anyio.BrokenResourceError("stdin is closed")
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
     async def send_stdin(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            fd = self._stdin_fd
-            if fd is None:
-                raise anyio.BrokenResourceError("stdin is closed")
-            try:
-                written = os.write(fd, view)
-            except BlockingIOError:
-                await anyio.wait_writable(fd)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
+            written = self.write_nowait(view)
+            if not written:
+                assert self._stdin_fd is not None
+                await anyio.wait_writable(self._stdin_fd)
             view = view[written:]
 
     async def send_eof(self) -> None:

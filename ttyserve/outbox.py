@@ -1,0 +1,149 @@
+"""The one writer of a connection: frames go out whole, in order, with bounded memory.
+
+A frame is first tried straight on the socket by the task that made it (no
+hop through another task when nothing is queued: the keystroke-echo path).
+What does not fit is queued, and the connection's writer task sends it when
+the socket drains. Producers wait while more than `limit` bytes are queued,
+which is how a client that stops reading stops the process's output instead
+of growing our memory. A frame begun on the wire is always finished.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import anyio
+
+from .transport import MAX_IOVECS, Buffer, Transport
+
+DEFAULT_LIMIT = 1 << 20  # bytes queued per connection before producers wait
+BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
+
+
+@dataclass
+class _Item:
+    channel: int
+    buffers: list[Buffer]
+    size: int
+    started: bool
+
+
+class Outbox:
+    """Serialises frames onto a transport; `run` is the writer task."""
+
+    def __init__(self, transport: Transport, limit: int = DEFAULT_LIMIT) -> None:
+        self.transport = transport
+        self.limit = limit
+        self.dropped: set[int] = set()  # channels whose queued, unstarted frames are dropped
+        self.broken = False
+        self._items: collections.deque[_Item] = collections.deque()
+        self._queued = 0
+        self._closing = False
+        self._wake = anyio.Event()
+        self._space = anyio.Event()
+        self.done = anyio.Event()
+
+    async def send(self, channel: int, *parts: Buffer) -> None:
+        """Queue one frame (its parts in order); waits while the queue is over its limit.
+
+        If the connection is broken the caller waits until it is cancelled by
+        the teardown: there is nobody left to send to.
+        """
+        if self.broken or self._closing:
+            await anyio.sleep_forever()
+        size = sum(len(p) for p in parts)
+        if not self._items:
+            try:
+                sent = self.transport.try_send(parts)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._break()
+                await anyio.sleep_forever()
+            if sent == size:
+                return
+            item = _Item(channel, list(parts), size, started=sent > 0)
+            self._consume(item, sent)
+        else:
+            item = _Item(channel, list(parts), size, started=False)
+        self._items.append(item)
+        self._queued += item.size
+        self._wake.set()
+        while self._queued > self.limit and not self.broken:
+            self._space = anyio.Event() if self._space.is_set() else self._space
+            await self._space.wait()
+
+    def close(self) -> None:
+        """No more frames: the writer sends what is queued, then `done` is set."""
+        self._closing = True
+        self._wake.set()
+
+    def _break(self) -> None:
+        self.broken = True
+        self._items.clear()
+        self._queued = 0
+        self._space.set()
+        self._wake.set()
+
+    @staticmethod
+    def _consume(item: _Item, sent: int) -> None:
+        """Drop ``sent`` bytes from the front of ``item``."""
+        item.size -= sent
+        while sent:
+            first = item.buffers[0]
+            if sent >= len(first):
+                sent -= len(first)
+                item.buffers.pop(0)
+            else:
+                item.buffers[0] = memoryview(first)[sent:]
+                sent = 0
+
+    def _batch(self) -> list[Buffer]:
+        buffers: list[Buffer] = []
+        size = 0
+        for item in self._items:
+            if size >= BATCH_BYTES or len(buffers) + len(item.buffers) > MAX_IOVECS:
+                break
+            buffers.extend(item.buffers)
+            size += item.size
+        return buffers
+
+    def _drop_cancelled(self) -> None:
+        if not self.dropped:
+            return
+        kept = collections.deque(i for i in self._items
+                                 if i.started or i.channel not in self.dropped)
+        self._queued = sum(i.size for i in kept)
+        self._items = kept
+
+    async def run(self) -> None:
+        """The writer task: drain the queue whenever it is not empty, until closed or broken."""
+        try:
+            while not self.broken:
+                if not self._items:
+                    if self._closing:
+                        return
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                self._drop_cancelled()
+                if not self._items:
+                    continue
+                try:
+                    sent = await self.transport.send_some(self._batch())
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    self._break()
+                    return
+                self._queued -= sent
+                while sent:
+                    head = self._items[0]
+                    if sent >= head.size:
+                        sent -= head.size
+                        self._items.popleft()
+                    else:
+                        self._consume(head, sent)
+                        head.started = True
+                        sent = 0
+                if self._queued <= self.limit:
+                    self._space.set()
+        finally:
+            self.done.set()

@@ -1,0 +1,168 @@
+"""Byte transports under the protocol: a raw non-blocking socket, or an anyio stream (TLS).
+
+The socket transport writes with sendmsg(), so a frame's header and payload
+go out in one system call without being joined first, and lets a caller try a
+send without waiting (the fast path of `Outbox`). Cancelling a wait here never
+loses or splits data: bytes are either in the kernel or still the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from collections.abc import Sequence
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+from .addresses import Address
+
+Buffer = bytes | bytearray | memoryview
+MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
+
+
+class Transport(Protocol):
+    """What a connection needs from the bytes underneath it."""
+
+    async def receive(self, max_bytes: int) -> bytes:
+        """Raises anyio.EndOfStream at the peer's EOF, anyio.BrokenResourceError on errors."""
+        ...
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        """Send what fits now without waiting; the number of bytes sent (maybe 0)."""
+        ...
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        """Wait until at least one byte was sent; the number of bytes sent."""
+        ...
+
+    async def send_eof(self) -> None:
+        """Half-close; raises NotImplementedError where the transport cannot (TLS)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def _broken(exc: OSError) -> anyio.BrokenResourceError:
+    error = anyio.BrokenResourceError(str(exc))
+    error.__cause__ = exc
+    return error
+
+
+class SocketTransport:
+    """A connected, non-blocking stream socket (Unix or TCP)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self._closed = False
+
+    async def receive(self, max_bytes: int) -> bytes:
+        while True:
+            try:
+                data = self.sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            except OSError as exc:
+                raise _broken(exc) from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self.sock.sendmsg(buffers[:MAX_IOVECS])
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _broken(exc) from exc
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        while not (sent := self.try_send(buffers)):
+            await anyio.wait_writable(self.sock)
+        return sent
+
+    async def send_eof(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise _broken(exc) from exc
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            anyio.notify_closing(self.sock)
+            self.sock.close()
+
+
+class StreamTransport:
+    """Any anyio byte stream (used for TLS): no fast path, no half-close."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int) -> bytes:
+        return await self.stream.receive(max_bytes)
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        return 0
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        data = b"".join(buffers)
+        await self.stream.send(data)
+        return len(data)
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def send_all(transport: Transport, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await transport.send_some([view]):]
+
+
+async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        try:
+            sock.connect(sockaddr)  # type: ignore[arg-type]
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error)) from None
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def open_transport(address: Address, tls: ssl.SSLContext | None = None) -> Transport:
+    """Connect to ``address``; a `tls:` address is verified with ``tls`` (or the system CAs)."""
+    if address.scheme == "unix":
+        return SocketTransport(await _connect_socket(socket.AF_UNIX, address.path))
+    if address.scheme == "tls":
+        context = tls or ssl.create_default_context()
+        stream = await anyio.connect_tcp(address.host, address.port, tls=True,
+                                         ssl_context=context, tls_standard_compatible=False)
+        return StreamTransport(stream)
+    infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    error: OSError | None = None
+    for family, _type, _proto, _name, sockaddr in infos:
+        try:
+            return SocketTransport(await _connect_socket(family, sockaddr))
+        except OSError as exc:
+            error = exc
+    raise error or OSError(f"cannot resolve {address.host}")
