@@ -19,12 +19,12 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
-from ttyserve.client import open_stream
 from ttyserve.handler import ServerSettings
 from ttyserve.listeners import SocketLease, open_listeners
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
 from ttyserve.server import Server
+from ttyserve.transport import Transport, open_transport, send_all
 
 SH = "/bin/sh"
 
@@ -85,19 +85,19 @@ def control_of(frame: Frame) -> dict[str, object]:
 class RawPeer:
     """A client that speaks frames by hand, to see exactly what the server sends."""
 
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
         self.decoder = FrameDecoder(64 << 20)
         self.pending: list[Frame] = []
 
     async def send(self, data: bytes) -> None:
-        await self.stream.send(data)
+        await send_all(self.transport, data)
 
     async def next_frame(self) -> Frame | None:
         """The next frame, or None at EOF."""
         while not self.pending:
             try:
-                data = await self.stream.receive(1 << 20)
+                data = await self.transport.receive(1 << 20)
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 return None
             self.pending.extend(self.decoder.feed(data))
@@ -119,9 +119,11 @@ class RawPeer:
 
 @contextlib.asynccontextmanager
 async def raw_peer(address: str) -> AsyncIterator[RawPeer]:
-    stream = await open_stream(Address("unix", path=address.removeprefix("unix:")))
-    async with stream:
-        yield RawPeer(stream)
+    transport = await open_transport(Address("unix", path=address.removeprefix("unix:")))
+    try:
+        yield RawPeer(transport)
+    finally:
+        await transport.aclose()
 
 
 def split_output(frames: list[Frame], channel: int = 1,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import __version__
 from .addresses import Address, default_address, parse_address
+from .outbox import Outbox
 from .protocol.connection import (
     ClientConnection,
     ErrorReceived,
@@ -51,10 +50,10 @@ from .protocol.messages import (
     Welcome,
     Window,
 )
+from .transport import Transport, open_transport, send_all
 
-READ_SIZE = 256 * 1024
+READ_SIZE = 1 << 20
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
-WRITE_QUEUE = 16
 
 
 class ServerError(Exception):
@@ -216,9 +215,10 @@ class Session:
 class Connection:
     """A connection to a ttyserve server; created by `connect`."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, multiplex: bool,
+    def __init__(self, transport: Transport, multiplex: bool,
                  window: int | None = None) -> None:
-        self._stream = stream
+        self._transport = transport
+        self._outbox = Outbox(transport)
         self._core = ClientConnection()
         self.multiplex = multiplex
         self.window = window
@@ -226,9 +226,6 @@ class Connection:
         self._welcomed = anyio.Event()
         self._sessions: dict[int, Session] = {}
         self._channels = itertools.count(1)
-        self._out_send: MemoryObjectSendStream[bytes]
-        self._out_receive: MemoryObjectReceiveStream[bytes]
-        self._out_send, self._out_receive = anyio.create_memory_object_stream[bytes](WRITE_QUEUE)
         self._failure: BaseException | None = None
 
     async def spawn(
@@ -259,23 +256,20 @@ class Connection:
         if self._failure is not None:
             raise ConnectionLost(str(self._failure))
         try:
-            await self._out_send.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._outbox.send(0, data)
+        except anyio.BrokenResourceError:
             raise ConnectionLost("the connection is closed") from None
 
     async def _write_loop(self) -> None:
-        try:
-            async with self._out_receive:
-                async for data in self._out_receive:
-                    await self._stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._fail(ConnectionLost(f"send failed: {exc}"))
+        await self._outbox.run()
+        if self._outbox.broken:
+            self._fail(ConnectionLost("send failed: the connection broke"))
 
     async def _read_loop(self) -> None:
         try:
             while True:
                 try:
-                    data = await self._stream.receive(READ_SIZE)
+                    data = await self._transport.receive(READ_SIZE)
                 except anyio.EndOfStream:
                     break
                 for event in self._core.receive_data(data):
@@ -342,32 +336,6 @@ def client_tls_context(cafile: str | None = None) -> ssl.SSLContext:
     return context
 
 
-async def open_stream(address: Address, tls: ssl.SSLContext | None = None,
-                      ) -> anyio.abc.ByteStream:
-    """A byte stream to ``address``. Unix sockets get anyio's transport-based stream too:
-    its UNIXSocketStream can log InvalidStateError when a receive is cancelled."""
-    if address.scheme == "tls":
-        return await anyio.connect_tcp(address.host, address.port, tls=True,
-                                       ssl_context=tls or client_tls_context(),
-                                       tls_standard_compatible=False)
-    if address.scheme != "unix":
-        return await anyio.connect_tcp(address.host, address.port)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.setblocking(False)
-        try:
-            sock.connect(address.path)
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
-            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if error:
-                raise OSError(error, os.strerror(error)) from None
-        return await anyio.abc.SocketStream.from_socket(sock)
-    except BaseException:
-        sock.close()
-        raise
-
-
 @contextlib.asynccontextmanager
 async def connect(
     address: str | Address | None = None,
@@ -390,12 +358,13 @@ async def connect(
     """
     addr = address if isinstance(address, Address) else (
         parse_address(address) if address else default_address())
-    stream = await open_stream(addr, tls)
-    async with stream:
-        connection = Connection(stream, multiplex, window)
+    transport = await open_transport(addr, tls or (client_tls_context()
+                                                   if addr.scheme == "tls" else None))
+    try:
+        connection = Connection(transport, multiplex, window)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
                       multiplex=multiplex, window=window)
-        await stream.send(connection._core.hello(hello))
+        await send_all(transport, connection._core.hello(hello))
         failure: BaseException | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(connection._read_loop)
@@ -408,6 +377,9 @@ async def connect(
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
+    finally:
+        with anyio.CancelScope(shield=True):
+            await transport.aclose()
 
 
 async def run(

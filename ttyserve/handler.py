@@ -172,7 +172,10 @@ class ConnectionHandler:
     # --- writer ------------------------------------------------------------
 
     async def _send_frame(self, channel: int, *parts: bytes) -> None:
-        await self.outbox.send(channel, *parts)
+        try:
+            await self.outbox.send(channel, *parts)
+        except anyio.BrokenResourceError:
+            await anyio.sleep_forever()  # the connection is being torn down around us
 
     async def _flush_core(self) -> None:
         data = self.core.data_to_send()
@@ -320,7 +323,7 @@ class ConnectionHandler:
         self.state.sessions += 1
         hello = self.core.hello
         session = Session(channel, process, self._send_frame, self.core.exit, settings.linger,
-                          hello.window if hello is not None else None)
+                          hello.window if hello is not None else None, settings.max_frame)
         self.sessions[channel] = session
         if self.state.journal is not None:
             await self.state.journal.start(session_id, str(self.peer), spec.argv, spec.pty,

@@ -47,18 +47,17 @@ class Outbox:
     async def send(self, channel: int, *parts: Buffer) -> None:
         """Queue one frame (its parts in order); waits while the queue is over its limit.
 
-        If the connection is broken the caller waits until it is cancelled by
-        the teardown: there is nobody left to send to.
+        Raises anyio.BrokenResourceError once the connection is broken or closed.
         """
         if self.broken or self._closing:
-            await anyio.sleep_forever()
+            raise anyio.BrokenResourceError("the connection is closed")
         size = sum(len(p) for p in parts)
         if not self._items:
             try:
                 sent = self.transport.try_send(parts)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._break()
-                await anyio.sleep_forever()
+                raise anyio.BrokenResourceError("the connection is broken") from None
             if sent == size:
                 return
             item = _Item(channel, list(parts), size, started=sent > 0)

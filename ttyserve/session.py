@@ -24,7 +24,7 @@ from .protocol.frames import HEADER, FrameKind
 from .protocol.messages import Eof, Exit, Message, Resize, Signal, Window
 
 DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
-READ_SIZE = 256 * 1024  # the most one frame carries: one wake-up's worth of output
+READ_SIZE = 1 << 20  # the most one frame carries (never above max_frame): one wake-up's output
 STDIN_LIMIT = 1 << 20  # stdin bytes queued for a process that does not read before we wait
 
 SendFrame = Callable[..., Awaitable[None]]  # (channel, *parts)
@@ -33,15 +33,18 @@ SendFrame = Callable[..., Awaitable[None]]  # (channel, *parts)
 class Credit:
     """Output credit of one channel (protocol section 7); None when the client set no window."""
 
-    def __init__(self, initial: int | None) -> None:
+    def __init__(self, initial: int | None, frame_limit: int = READ_SIZE) -> None:
         self.available = initial
+        self.frame_limit = min(READ_SIZE, frame_limit)
         self._changed = anyio.Event()
 
     async def wait(self) -> int:
         """How many bytes may be read and sent now, once there is any credit."""
         while self.available is not None and self.available <= 0:
             await self._changed.wait()
-        return READ_SIZE if self.available is None else min(READ_SIZE, self.available)
+        if self.available is None:
+            return self.frame_limit
+        return min(self.frame_limit, self.available)
 
     def spend(self, size: int) -> None:
         if self.available is not None:
@@ -65,10 +68,11 @@ class Session:
         make_exit_frame: Callable[[int, Exit], bytes],
         linger: float = DEFAULT_LINGER,
         window: int | None = None,
+        max_frame: int = READ_SIZE,
     ) -> None:
         self.channel = channel
         self.process = process
-        self.credit = Credit(window)
+        self.credit = Credit(window, max_frame)
         self._send_frame = send_frame
         self._make_exit_frame = make_exit_frame
         self._linger = linger

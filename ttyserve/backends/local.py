@@ -23,7 +23,9 @@ from .base import ProcessSpec
 from .reaper import become_subreaper, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
 
-READ_SIZE = 256 * 1024  # one frame per wake-up: a pipe holds 64 KiB, a PTY read gives ~4 KiB
+READ_SIZE = 1 << 20  # one frame per wake-up: a PTY read gives ~4 KiB, a grown pipe 1 MiB
+PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
+_PIPE_DEFAULT = 64 * 1024
 KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
 _POLL = 0.02  # group members that are not our children can only be polled
 
@@ -33,11 +35,17 @@ def _set_nonblocking(fd: int) -> None:
 
 
 class FdSource:
-    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF."""
+    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF.
 
-    def __init__(self, fd: int) -> None:
+    A pipe that fills up is grown once to PIPE_SIZE: fewer wake-ups for a
+    process that writes a lot, no extra kernel memory for the many that do not
+    (the per-user pipe budget is counted in full pipe sizes).
+    """
+
+    def __init__(self, fd: int, growable: bool = False) -> None:
         self.fd = fd
         self.eof = False
+        self._growable = growable
 
     def _read(self, limit: int) -> bytes | None:
         """Up to ``limit`` bytes now; None when nothing is buffered."""
@@ -59,7 +67,13 @@ class FdSource:
             size += len(chunk)
         if not chunks:
             return b"" if self.eof else None
-        return b"".join(chunks)
+        if self._growable and size >= _PIPE_DEFAULT:
+            self._growable = False
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass  # over the user's pipe budget: keep the default size
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def receive(self, limit: int = READ_SIZE) -> bytes:
         while True:
@@ -322,5 +336,6 @@ class LocalBackend:
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):
             _set_nonblocking(fd)
-        return self.pipe_process(pid, stdin_w, FdSource(stdout_r), FdSource(stderr_r), self.live)
+        return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
+                                 FdSource(stderr_r, growable=True), self.live)
 

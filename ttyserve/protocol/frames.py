@@ -67,23 +67,36 @@ class FrameDecoder:
         if self._offset:
             del self._buffer[: self._offset]
             self._offset = 0
-        self._buffer += data
+        if self._buffer:
+            self._buffer += data
+            source: bytes | bytearray = self._buffer
+        else:
+            source = data  # the common case: parse the received bytes without copying them
         frames: list[Frame] = []
-        buffer = self._buffer
         offset = 0
-        end = len(buffer)
-        while end - offset >= HEADER_SIZE:
-            kind, channel, length = HEADER.unpack_from(buffer, offset)
-            if kind > FrameKind.CTRL_OUT:
-                raise ProtocolError(f"unknown frame kind {kind}")
-            if length > self.max_frame:
-                raise ProtocolError(
-                    f"frame of {length} bytes exceeds max_frame {self.max_frame}"
-                )
-            start = offset + HEADER_SIZE
-            if end - start < length:
-                break
-            frames.append(Frame(FrameKind(kind), channel, bytes(buffer[start : start + length])))
-            offset = start + length
-        self._offset = offset
+        end = len(source)
+        view = memoryview(source)
+        try:
+            while end - offset >= HEADER_SIZE:
+                kind, channel, length = HEADER.unpack_from(source, offset)
+                if kind > FrameKind.CTRL_OUT:
+                    raise ProtocolError(f"unknown frame kind {kind}")
+                if length > self.max_frame:
+                    raise ProtocolError(
+                        f"frame of {length} bytes exceeds max_frame {self.max_frame}"
+                    )
+                start = offset + HEADER_SIZE
+                if end - start < length:
+                    break
+                frames.append(Frame(_KINDS[kind], channel, bytes(view[start : start + length])))
+                offset = start + length
+        finally:
+            view.release()
+        if source is self._buffer:
+            self._offset = offset
+        elif offset < end:
+            self._buffer += data[offset:]
         return frames
+
+
+_KINDS = tuple(FrameKind)
