@@ -218,7 +218,7 @@ class Connection:
     def __init__(self, transport: Transport, multiplex: bool,
                  window: int | None = None) -> None:
         self._transport = transport
-        self._outbox = Outbox(transport)
+        self._outbox = Outbox(transport, on_broken=self._send_failed)
         self._core = ClientConnection()
         self.multiplex = multiplex
         self.window = window
@@ -260,10 +260,8 @@ class Connection:
         except anyio.BrokenResourceError:
             raise ConnectionLost("the connection is closed") from None
 
-    async def _write_loop(self) -> None:
-        await self._outbox.run()
-        if self._outbox.broken:
-            self._fail(ConnectionLost("send failed: the connection broke"))
+    def _send_failed(self) -> None:
+        self._fail(ConnectionLost("send failed: the connection broke"))
 
     async def _read_loop(self) -> None:
         try:
@@ -367,8 +365,8 @@ async def connect(
         await send_all(transport, connection._core.hello(hello))
         failure: BaseException | None = None
         async with anyio.create_task_group() as tg:
+            connection._outbox.attach(tg)
             tg.start_soon(connection._read_loop)
-            tg.start_soon(connection._write_loop)
             try:
                 yield connection
             except BaseException as exc:  # re-raised below, unwrapped by the task group
@@ -400,12 +398,22 @@ async def run(
         stderr: list[bytes] = []
 
         async def feed() -> None:
-            await session.send(input)
-            await session.eof()
+            try:
+                await session.send(input)
+                await session.eof()
+            except ConnectionLost:
+                pass  # the process may end (and the server close) before it reads its input
 
+        lost: ConnectionLost | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(feed)
-            async for chunk in session:
-                (stderr if chunk.stream == "stderr" else stdout).append(chunk.data)
+            try:
+                async for chunk in session:
+                    (stderr if chunk.stream == "stderr" else stdout).append(chunk.data)
+            except ConnectionLost as exc:  # raised below, not wrapped in an exception group
+                lost = exc
+                tg.cancel_scope.cancel()
+        if lost is not None:
+            raise lost
         assert session.status is not None
         return CompletedSession(list(argv), session.status, b"".join(stdout), b"".join(stderr))

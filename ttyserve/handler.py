@@ -92,7 +92,8 @@ class ConnectionHandler:
 
     def __init__(self, transport: Transport, state: ServerState, peer: Peer) -> None:
         self.transport = transport
-        self.outbox = Outbox(transport)
+        self._read_scope = anyio.CancelScope()
+        self.outbox = Outbox(transport, on_broken=self._peer_gone)
         self.state = state
         self.peer = peer
         self.core = ServerConnection(state.settings.max_frame)
@@ -100,7 +101,6 @@ class ConnectionHandler:
         self._scopes: dict[int, anyio.CancelScope] = {}
         self._multiplex = False
         self._sessions_started = 0
-        self._read_scope = anyio.CancelScope()
         self._draining = False
         self._session_group: anyio.abc.TaskGroup | None = None
 
@@ -111,7 +111,7 @@ class ConnectionHandler:
         self.state.handlers.add(self)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_loop)
+                self.outbox.attach(tg)
                 async with anyio.create_task_group() as self._session_group:
                     self._read_scope.deadline = (
                         anyio.current_time() + self.state.settings.handshake_timeout)
@@ -182,10 +182,8 @@ class ConnectionHandler:
         if data:
             await self._send_frame(_ALWAYS, data)
 
-    async def _write_loop(self) -> None:
-        await self.outbox.run()
-        if self.outbox.broken:
-            self._read_scope.cancel()  # the peer is gone: tear the connection down
+    def _peer_gone(self) -> None:
+        self._read_scope.cancel()  # a send failed: tear the connection down
 
     # --- reader ------------------------------------------------------------
 

@@ -2,18 +2,21 @@
 
 A frame is first tried straight on the socket by the task that made it (no
 hop through another task when nothing is queued: the keystroke-echo path).
-What does not fit is queued, and the connection's writer task sends it when
-the socket drains. Producers wait while more than `limit` bytes are queued,
-which is how a client that stops reading stops the process's output instead
-of growing our memory. A frame begun on the wire is always finished.
+What does not fit is queued, and a writer task, started only then and ending
+when the queue is empty, sends it as the socket drains. Producers wait while
+more than `limit` bytes are queued, which is how a client that stops reading
+stops the process's output instead of growing our memory. A frame begun on
+the wire is always finished.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+import anyio.abc
 
 from .transport import MAX_IOVECS, Buffer, Transport
 
@@ -32,17 +35,24 @@ class _Item:
 class Outbox:
     """Serialises frames onto a transport; `run` is the writer task."""
 
-    def __init__(self, transport: Transport, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
+                 limit: int = DEFAULT_LIMIT) -> None:
         self.transport = transport
         self.limit = limit
+        self._on_broken = on_broken
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._writing = False
         self.dropped: set[int] = set()  # channels whose queued, unstarted frames are dropped
         self.broken = False
         self._items: collections.deque[_Item] = collections.deque()
         self._queued = 0
         self._closing = False
-        self._wake = anyio.Event()
         self._space = anyio.Event()
-        self.done = anyio.Event()
+        self.done = anyio.Event()  # set once closed and flushed, or broken
+
+    def attach(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Where the writer task runs when one is needed; call before the first `send`."""
+        self._task_group = task_group
 
     async def send(self, channel: int, *parts: Buffer) -> None:
         """Queue one frame (its parts in order); waits while the queue is over its limit.
@@ -66,22 +76,30 @@ class Outbox:
             item = _Item(channel, list(parts), size, started=False)
         self._items.append(item)
         self._queued += item.size
-        self._wake.set()
+        if not self._writing:
+            assert self._task_group is not None, "Outbox.attach() was not called"
+            self._writing = True
+            self._task_group.start_soon(self._drain)
         while self._queued > self.limit and not self.broken:
             self._space = anyio.Event() if self._space.is_set() else self._space
             await self._space.wait()
 
     def close(self) -> None:
-        """No more frames: the writer sends what is queued, then `done` is set."""
+        """No more frames: what is queued is still sent, then `done` is set."""
         self._closing = True
-        self._wake.set()
+        if not self._writing:
+            self.done.set()
 
     def _break(self) -> None:
+        if self.broken:
+            return
         self.broken = True
         self._items.clear()
         self._queued = 0
         self._space.set()
-        self._wake.set()
+        self.done.set()
+        if self._on_broken is not None:
+            self._on_broken()
 
     @staticmethod
     def _consume(item: _Item, sent: int) -> None:
@@ -114,19 +132,13 @@ class Outbox:
         self._queued = sum(i.size for i in kept)
         self._items = kept
 
-    async def run(self) -> None:
-        """The writer task: drain the queue whenever it is not empty, until closed or broken."""
+    async def _drain(self) -> None:
+        """The writer task: send the queue as the socket takes it, until it is empty."""
         try:
-            while not self.broken:
-                if not self._items:
-                    if self._closing:
-                        return
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    continue
+            while self._items and not self.broken:
                 self._drop_cancelled()
                 if not self._items:
-                    continue
+                    break
                 try:
                     sent = await self.transport.send_some(self._batch())
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -145,4 +157,7 @@ class Outbox:
                 if self._queued <= self.limit:
                     self._space.set()
         finally:
-            self.done.set()
+            self._writing = False
+            self._space.set()
+            if self._closing or self.broken:
+                self.done.set()

@@ -90,7 +90,7 @@ async def test_signals_and_mask_are_reset_for_children(pty: bool) -> None:
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
     try:
-        out, _, _ = await run([SH, "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status"], pty)
+        out, _, _ = await run([SH, "-c", "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"], pty)
     finally:
         signal.signal(signal.SIGHUP, previous)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])

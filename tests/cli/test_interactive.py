@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import ServerProcess, ttyserve_command
 
-from ttyserve.backends.spawn import Stdio, spawn
+from ttyserve.backends.spawn import Stdio, encode_environment, spawn
 
 pytestmark = pytest.mark.timeout(60)
 PROMPT = b"remote$ "
@@ -33,7 +33,7 @@ class Terminal:
         self.master, slave = os.openpty()
         self.resize(rows, cols)
         self.slave_path = os.ttyname(slave)
-        env = {**os.environ, "TERM": "xterm"}
+        env = encode_environment({**os.environ, "TERM": "xterm"})
         self.pid = spawn(argv[0], argv, env, os.getcwd(), Stdio(tty_path=self.slave_path))
         self._slave = slave  # kept open: the terminal's settings stay readable after exit
         self.screen = b""

@@ -14,13 +14,14 @@ import signal
 import struct
 import termios
 import time
+from collections.abc import Callable
 
 import anyio
 
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from .base import ProcessSpec
-from .reaper import become_subreaper, run_orphan_reaper
+from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
 
 READ_SIZE = 1 << 20  # one frame per wake-up: a PTY read gives ~4 KiB, a grown pipe 1 MiB
@@ -90,9 +91,10 @@ class LocalProcess:
     """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind."""
 
     def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
-                 live: set[int]) -> None:
+                 live: set[int], on_reaped: Callable[[], None] | None = None) -> None:
         self.pid = pid
         self._live = live
+        self._on_reaped = on_reaped
         live.add(pid)
         self.stdout = stdout
         self.stderr = stderr
@@ -127,6 +129,8 @@ class LocalProcess:
                     if raw is not None:
                         self._status = exit_from_wait_status(raw)
             self._live.discard(self.pid)
+            if self._on_reaped is not None:
+                self._on_reaped()
             return self._status
 
     @property
@@ -242,8 +246,9 @@ class PipeProcess(LocalProcess):
 class PtyProcess(LocalProcess):
     """stdio is a terminal; the master is both the input and the output."""
 
-    def __init__(self, pid: int, master: int, live: set[int]) -> None:
-        super().__init__(pid, master, FdSource(master), None, live)
+    def __init__(self, pid: int, master: int, live: set[int],
+                 on_reaped: Callable[[], None] | None = None) -> None:
+        super().__init__(pid, master, FdSource(master), None, live, on_reaped)
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
@@ -268,13 +273,25 @@ class PtyProcess(LocalProcess):
         return sorted({self._master} | ({self._pidfd} if self._pidfd is not None else set()))
 
 
-def session_environment(spec: ProcessSpec) -> dict[str, str]:
-    """The server's environment, TERM for a PTY, then the client's additions."""
-    env = dict(os.environ)
-    if spec.pty:
-        env["TERM"] = spec.term
-    env.update(spec.env)
-    return env
+class BaseEnvironment:
+    """The server's environment, encoded once: a session's adds TERM and the client's env."""
+
+    def __init__(self) -> None:
+        self.entries = {k: k + b"=" + v for k, v in os.environb.items()}
+        self.path = os.environ.get("PATH", os.defpath)
+
+    def for_session(self, spec: ProcessSpec) -> tuple[list[bytes], str]:
+        """The `KEY=VALUE` entries for ``spec``, and the PATH its command is looked up in."""
+        extra = dict(spec.env)
+        if spec.pty:
+            extra.setdefault("TERM", spec.term)
+        if not extra:
+            return list(self.entries.values()), self.path
+        entries = dict(self.entries)
+        for key, value in extra.items():
+            encoded = os.fsencode(key)
+            entries[encoded] = encoded + b"=" + os.fsencode(value)
+        return list(entries.values()), extra.get("PATH", self.path)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -290,18 +307,30 @@ class LocalBackend:
 
     def __init__(self, default_cwd: str | None = None) -> None:
         self.default_cwd = default_cwd or os.getcwd()
+        self.environment = BaseEnvironment()
         self.live: set[int] = set()  # session leaders not yet reaped
+        self._adopting = False
 
     async def reap_orphans(self) -> None:
         """Adopt and reap what sessions leave behind, until cancelled (see reaper.py)."""
         if become_subreaper():
-            await run_orphan_reaper(self.live)
+            self._adopting = True
+            try:
+                await run_orphan_reaper(self.live)
+            finally:
+                self._adopting = False
 
-    def _prepare(self, spec: ProcessSpec) -> tuple[str, dict[str, str], str]:
+    def _leader_reaped(self) -> None:
+        # A SIGCHLD pass stops at a leader that its session had not reaped yet;
+        # orphans queued behind it are reaped now.
+        if self._adopting:
+            reap_orphans(self.live)
+
+    def _prepare(self, spec: ProcessSpec) -> tuple[str, list[bytes], str]:
         cwd = spec.cwd or self.default_cwd
         check_cwd(cwd)
-        env = session_environment(spec)
-        return resolve_executable(spec.argv[0], env, cwd), env, cwd
+        env, path = self.environment.for_session(spec)
+        return resolve_executable(spec.argv[0], path, cwd), env, cwd
 
     async def spawn(self, spec: ProcessSpec) -> LocalProcess:
         executable, env, cwd = self._prepare(spec)
@@ -309,7 +338,7 @@ class LocalBackend:
             return self._spawn_pty(spec, executable, env, cwd)
         return self._spawn_pipe(spec, executable, env, cwd)
 
-    def _spawn_pty(self, spec: ProcessSpec, executable: str, env: dict[str, str],
+    def _spawn_pty(self, spec: ProcessSpec, executable: str, env: list[bytes],
                    cwd: str) -> PtyProcess:
         master, slave = os.openpty()
         try:
@@ -320,9 +349,9 @@ class LocalBackend:
             raise
         os.close(slave)
         _set_nonblocking(master)
-        return self.pty_process(pid, master, self.live)
+        return self.pty_process(pid, master, self.live, self._leader_reaped)
 
-    def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: dict[str, str],
+    def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
                     cwd: str) -> PipeProcess:
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
@@ -337,5 +366,5 @@ class LocalBackend:
         for fd in (stdin_w, stdout_r, stderr_r):
             _set_nonblocking(fd)
         return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
-                                 FdSource(stderr_r, growable=True), self.live)
+                                 FdSource(stderr_r, growable=True), self.live, self._leader_reaped)
 

@@ -62,7 +62,7 @@ def _check(result: int, what: str) -> None:
         raise SpawnError(result, f"{what}: {os.strerror(result)}")
 
 
-def resolve_executable(name: str, env: Mapping[str, str], cwd: str) -> str:
+def resolve_executable(name: str, path: str, cwd: str) -> str:
     """Find argv[0] as execvp would for the session: its PATH, its cwd.
 
     Raises SpawnError(ENOENT) when nothing is found and SpawnError(EACCES)
@@ -73,7 +73,6 @@ def resolve_executable(name: str, env: Mapping[str, str], cwd: str) -> str:
     if "/" in name:
         candidates = [name]
     else:
-        path = env.get("PATH", os.defpath)
         candidates = [os.path.join(d or ".", name) for d in path.split(os.pathsep)]
     denied = False
     for candidate in candidates:
@@ -102,11 +101,17 @@ def check_cwd(cwd: str) -> None:
         raise SpawnError(errnos.EACCES, f"cwd {cwd!r}: Permission denied")
 
 
+def encode_environment(env: Mapping[str, str]) -> list[bytes]:
+    """`KEY=VALUE` entries, as execve wants them."""
+    return [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+
+
 def spawn(
-    executable: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdio: Stdio
+    executable: str, argv: Sequence[str], env: Sequence[bytes], cwd: str, stdio: Stdio
 ) -> int:
     """Start ``executable`` in a new session with default signals; return its pid.
 
+    ``env`` holds `KEY=VALUE` entries (see `encode_environment`).
     With ``stdio.tty_path`` the child opens the terminal as fds 0-2 after
     setsid(), which makes it the controlling terminal. All other descriptors
     are closed in the child.
@@ -139,8 +144,7 @@ def spawn(
         _check(libc.posix_spawnattr_setflags(
             attr, ctypes.c_short(_SETSID | _SETSIGDEF | _SETSIGMASK)), "flags")
         c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
-        c_env = (ctypes.c_char_p * (len(env) + 1))(
-            *[os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()], None)
+        c_env = (ctypes.c_char_p * (len(env) + 1))(*env, None)
         pid = ctypes.c_int(0)
         result = libc.posix_spawn(
             ctypes.byref(pid), os.fsencode(executable), actions, attr, c_argv, c_env)
