@@ -58,8 +58,11 @@ class SocketTransport:
         sock.setblocking(False)
         self.sock = sock
         self._closed = False
+        self._drained = False  # the last receive emptied the socket buffer
 
     async def receive(self, max_bytes: int) -> bytes:
+        if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
+            await anyio.wait_readable(self.sock)
         while True:
             try:
                 data = self.sock.recv(max_bytes)
@@ -70,6 +73,7 @@ class SocketTransport:
                 raise _broken(exc) from exc
             if not data:
                 raise anyio.EndOfStream
+            self._drained = len(data) < max_bytes
             return data
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:

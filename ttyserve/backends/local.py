@@ -27,6 +27,7 @@ from .spawn import Stdio, check_cwd, resolve_executable, spawn
 READ_SIZE = 1 << 20  # one frame per wake-up: a PTY read gives ~4 KiB, a grown pipe 1 MiB
 PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
 _PIPE_DEFAULT = 64 * 1024
+_SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
 KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
 _POLL = 0.02  # group members that are not our children can only be polled
 
@@ -66,6 +67,8 @@ class FdSource:
                 break
             chunks.append(chunk)
             size += len(chunk)
+            if len(chunk) < _SHORT_READ:
+                break  # the pipe or terminal is empty for now: spare the EAGAIN read
         if not chunks:
             return b"" if self.eof else None
         if self._growable and size >= _PIPE_DEFAULT:
