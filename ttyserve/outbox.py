@@ -47,7 +47,7 @@ class Outbox:
         self._items: collections.deque[_Item] = collections.deque()
         self._queued = 0
         self._closing = False
-        self._space = anyio.Event()
+        self._space: anyio.Event | None = None  # made only when a producer has to wait
         self.done = anyio.Event()  # set once closed and flushed, or broken
 
     def attach(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -81,8 +81,8 @@ class Outbox:
             self._writing = True
             self._task_group.start_soon(self._drain)
         while self._queued > self.limit and not self.broken:
-            self._space = anyio.Event() if self._space.is_set() else self._space
-            await self._space.wait()
+            space = self._space = self._space or anyio.Event()
+            await space.wait()
 
     def close(self) -> None:
         """No more frames: what is queued is still sent, then `done` is set."""
@@ -96,10 +96,15 @@ class Outbox:
         self.broken = True
         self._items.clear()
         self._queued = 0
-        self._space.set()
+        self._wake_producers()
         self.done.set()
         if self._on_broken is not None:
             self._on_broken()
+
+    def _wake_producers(self) -> None:
+        if self._space is not None:
+            self._space.set()
+            self._space = None
 
     @staticmethod
     def _consume(item: _Item, sent: int) -> None:
@@ -155,9 +160,9 @@ class Outbox:
                         head.started = True
                         sent = 0
                 if self._queued <= self.limit:
-                    self._space.set()
+                    self._wake_producers()
         finally:
             self._writing = False
-            self._space.set()
+            self._wake_producers()
             if self._closing or self.broken:
                 self.done.set()

@@ -36,12 +36,13 @@ class Credit:
     def __init__(self, initial: int | None, frame_limit: int = READ_SIZE) -> None:
         self.available = initial
         self.frame_limit = min(READ_SIZE, frame_limit)
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # made only when someone has to wait
 
     async def wait(self) -> int:
         """How many bytes may be read and sent now, once there is any credit."""
         while self.available is not None and self.available <= 0:
-            await self._changed.wait()
+            changed = self._changed = self._changed or anyio.Event()
+            await changed.wait()
         if self.available is None:
             return self.frame_limit
         return min(self.frame_limit, self.available)
@@ -53,8 +54,9 @@ class Credit:
     def grant(self, size: int) -> None:
         if self.available is not None:
             self.available += size
-            self._changed.set()
-            self._changed = anyio.Event()
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
 
 
 class Session:
@@ -78,7 +80,7 @@ class Session:
         self._linger = linger
         self._stdin: collections.deque[bytes | Eof] = collections.deque()
         self._stdin_queued = 0
-        self._stdin_space = anyio.Event()
+        self._stdin_space: anyio.Event | None = None  # made only when a feeder has to wait
         self._stdin_broken = False
         self._input_pump_running = False
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -113,9 +115,8 @@ class Session:
             data = data[written:]
         self._queue_input(data)
         while self._stdin_queued > STDIN_LIMIT and not self._stdin_broken:
-            if self._stdin_space.is_set():
-                self._stdin_space = anyio.Event()
-            await self._stdin_space.wait()
+            space = self._stdin_space = self._stdin_space or anyio.Event()
+            await space.wait()
 
     async def feed_eof(self) -> None:
         """End-of-input, behind the stdin already queued."""
@@ -211,7 +212,12 @@ class Session:
                 if isinstance(item, bytes):
                     self._stdin_queued -= len(item)
                     if self._stdin_queued <= STDIN_LIMIT:
-                        self._stdin_space.set()
+                        self._wake_feeders()
         finally:
             self._input_pump_running = False
+            self._wake_feeders()
+
+    def _wake_feeders(self) -> None:
+        if self._stdin_space is not None:
             self._stdin_space.set()
+            self._stdin_space = None

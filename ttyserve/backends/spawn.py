@@ -50,6 +50,7 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _libc = _load_libc()
+_HAS_CLOSEFROM = _libc is not None and hasattr(_libc, "posix_spawn_file_actions_addclosefrom_np")
 
 
 def spawn_supported() -> bool:
@@ -119,11 +120,9 @@ def spawn(
     if _libc is None:
         raise SpawnError(errnos.ENOSYS, "posix_spawn with chdir is not available here")
     libc = _libc
+    attr = _attributes(libc)
     actions = ctypes.create_string_buffer(_OPAQUE_SIZE)
-    attr = ctypes.create_string_buffer(_OPAQUE_SIZE)
-    sigset = ctypes.create_string_buffer(_OPAQUE_SIZE)
     _check(libc.posix_spawn_file_actions_init(actions), "file actions")
-    _check(libc.posix_spawnattr_init(attr), "spawn attributes")
     try:
         _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)), "chdir")
         if stdio.tty_path is not None:
@@ -135,14 +134,8 @@ def spawn(
             assert stdio.fds is not None
             for target, fd in enumerate(stdio.fds):
                 _check(libc.posix_spawn_file_actions_adddup2(actions, fd, target), "dup2")
-        if hasattr(libc, "posix_spawn_file_actions_addclosefrom_np"):
+        if _HAS_CLOSEFROM:
             _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3), "closefrom")
-        libc.sigfillset(sigset)
-        _check(libc.posix_spawnattr_setsigdefault(attr, sigset), "signal defaults")
-        libc.sigemptyset(sigset)
-        _check(libc.posix_spawnattr_setsigmask(attr, sigset), "signal mask")
-        _check(libc.posix_spawnattr_setflags(
-            attr, ctypes.c_short(_SETSID | _SETSIGDEF | _SETSIGMASK)), "flags")
         c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
         c_env = (ctypes.c_char_p * (len(env) + 1))(*env, None)
         pid = ctypes.c_int(0)
@@ -153,4 +146,23 @@ def spawn(
         return pid.value
     finally:
         libc.posix_spawn_file_actions_destroy(actions)
-        libc.posix_spawnattr_destroy(attr)
+
+
+_attr: ctypes.Array[ctypes.c_char] | None = None
+
+
+def _attributes(libc: ctypes.CDLL) -> ctypes.Array[ctypes.c_char]:
+    """The spawn attributes, the same for every child: built once, read by posix_spawn."""
+    global _attr
+    if _attr is None:
+        attr = ctypes.create_string_buffer(_OPAQUE_SIZE)
+        sigset = ctypes.create_string_buffer(_OPAQUE_SIZE)
+        _check(libc.posix_spawnattr_init(attr), "spawn attributes")
+        libc.sigfillset(sigset)
+        _check(libc.posix_spawnattr_setsigdefault(attr, sigset), "signal defaults")
+        libc.sigemptyset(sigset)
+        _check(libc.posix_spawnattr_setsigmask(attr, sigset), "signal mask")
+        _check(libc.posix_spawnattr_setflags(
+            attr, ctypes.c_short(_SETSID | _SETSIGDEF | _SETSIGMASK)), "flags")
+        _attr = attr
+    return _attr
