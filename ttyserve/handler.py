@@ -123,11 +123,13 @@ class ConnectionHandler:
                             f"no {'open' if self.core.hello else 'hello'} within "
                             f"{self.state.settings.handshake_timeout:g} s"))
                     self._session_group.cancel_scope.cancel()
-                with anyio.move_on_after(CLOSE_TIMEOUT):
-                    await self._flush_core()
+                if self.core.pending:
+                    with anyio.move_on_after(CLOSE_TIMEOUT):
+                        await self._flush_core()
                 self.outbox.close()
-                with anyio.move_on_after(CLOSE_TIMEOUT):
-                    await self.outbox.done.wait()
+                if not self.outbox.done.is_set():
+                    with anyio.move_on_after(CLOSE_TIMEOUT):
+                        await self.outbox.done.wait()
                 tg.cancel_scope.cancel()
             if not self.outbox.broken:
                 await self._close_gracefully()
@@ -306,7 +308,7 @@ class ConnectionHandler:
             pty=request.pty, rows=request.rows, cols=request.cols, term=request.term,
             env=dict(request.env), cwd=request.cwd or settings.default_cwd,
         )
-        session_id = new_session_id()
+        session_id = new_session_id() if self.state.journal is not None else ""
         try:
             process = await self.state.backend.spawn(spec)
         except OSError as exc:
@@ -342,14 +344,14 @@ class ConnectionHandler:
                 del self.sessions[channel]
                 del self._scopes[channel]
                 self.state.sessions -= 1
-                with anyio.CancelScope(shield=True):
-                    await self._journal_end(session, session_id, status)
+                if self.state.journal is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self._journal_end(session, session_id, status)
         if not self._multiplex or (self._draining and not self.sessions):
             self._read_scope.cancel()
 
     async def _journal_end(self, session: Session, session_id: str, status: Exit | None) -> None:
-        if self.state.journal is None:
-            return
+        assert self.state.journal is not None
         if self.state.shutting_down:
             reason = Reason.SHUTDOWN
         else:

@@ -59,6 +59,15 @@ class Credit:
                 self._changed = None
 
 
+class _Reading:
+    """Whether an output pump is waiting for output (not sending it) right now."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = False
+
+
 class Session:
     """Drives one process for one channel until its `exit` frame is queued."""
 
@@ -84,7 +93,7 @@ class Session:
         self._stdin_broken = False
         self._input_pump_running = False
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._read_scopes: set[anyio.CancelScope] = set()
+        self._readers: list[tuple[anyio.CancelScope, _Reading]] = []
         self._lingering_over = False
         self._open_outputs = 2 if process.stderr is not None else 1
         self._outputs_done = anyio.Event()
@@ -143,12 +152,15 @@ class Session:
                 if self.process.stderr is not None:
                     tg.start_soon(self._pump_output, self.process.stderr, FrameKind.STDERR)
                 status = self.status = await self.process.wait()
-                with anyio.move_on_after(self._linger):
-                    await self._outputs_done.wait()
+                if not self._outputs_done.is_set():
+                    with anyio.move_on_after(self._linger):
+                        await self._outputs_done.wait()
                 self._lingering_over = True
-                for scope in self._read_scopes:
-                    scope.cancel()
-                await self._outputs_done.wait()  # the pumps send what is buffered, then stop
+                for scope, reading in self._readers:
+                    if reading.now:
+                        scope.cancel()
+                if not self._outputs_done.is_set():
+                    await self._outputs_done.wait()  # the pumps send what is buffered, then stop
                 await self._send_frame(self.channel, self._make_exit_frame(self.channel, status))
                 tg.cancel_scope.cancel()
             return status
@@ -157,17 +169,17 @@ class Session:
             await self.process.aclose()
 
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
+        reading = _Reading()
         try:
-            while not self._lingering_over:
-                with anyio.CancelScope() as scope:
-                    self._read_scopes.add(scope)
+            with anyio.CancelScope() as scope:
+                self._readers.append((scope, reading))
+                while not self._lingering_over:
+                    reading.now = True  # only a read may be cut short by the linger
                     data = await source.receive(await self.credit.wait())
-                self._read_scopes.discard(scope)
-                if scope.cancelled_caught:
-                    break
-                if not data:
-                    return
-                await self._send_output(kind, data)
+                    reading.now = False
+                    if not data:
+                        return
+                    await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
             data = source.receive_nowait(await self.credit.wait())
             if data:

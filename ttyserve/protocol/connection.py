@@ -126,8 +126,13 @@ class ServerConnection:
         self.channels: dict[int, ChannelState] = {}
         self._outbox: list[bytes] = []
 
+    @property
+    def pending(self) -> bool:
+        """Whether refusals wait in the outbox."""
+        return bool(self._outbox)
+
     def data_to_send(self) -> bytes:
-        """Answers the core produced by itself since the last call."""
+        """Refusals queued with `reject` since the last call."""
         out = b"".join(self._outbox)
         self._outbox.clear()
         return out
