@@ -123,7 +123,7 @@ class ConnectionHandler:
                             f"no {'open' if self.core.hello else 'hello'} within "
                             f"{self.state.settings.handshake_timeout:g} s"))
                     self._session_group.cancel_scope.cancel()
-                if self.core.pending:
+                if self.core.pending and not self.outbox.broken:
                     with anyio.move_on_after(CLOSE_TIMEOUT):
                         await self._flush_core()
                 self.outbox.close()

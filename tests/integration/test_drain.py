@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from helpers import SH, ServerProcess
@@ -17,10 +18,15 @@ LINGER = 1.0  # what the server_process fixture is started with
 
 @pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
 async def test_grandchild_holding_output_delays_exit_by_at_most_the_linger(
-        server_process: ServerProcess, pty: bool) -> None:
-    script = ("seq 1 30000; (trap '' HUP; exec sleep 30) & echo grandchild=$!; echo last-line")
+        server_process: ServerProcess, pty: bool, tmp_path: Path) -> None:
+    # The parent waits until the grandchild ignores SIGHUP: a PTY's hang-up when
+    # the parent exits must not catch it before its trap is set.
+    script = ("seq 1 30000; (trap '' HUP; touch \"$ARMED\"; exec sleep 30) & "
+              "while [ ! -e \"$ARMED\" ]; do sleep 0.01; done; "
+              "echo grandchild=$!; echo last-line")
     async with connect(server_process.addresses[0]) as conn:
-        session = await conn.spawn([SH, "-c", script], pty=pty)
+        session = await conn.spawn([SH, "-c", script], pty=pty,
+                                   env={"ARMED": str(tmp_path / "armed")})
         started = time.monotonic()
         out = b"".join([chunk.data async for chunk in session])
         elapsed = time.monotonic() - started
