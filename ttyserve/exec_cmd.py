@@ -129,7 +129,7 @@ def _retriable(exc: BaseException) -> tuple[bool, float | None]:
 
 @contextlib.asynccontextmanager
 async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
-                        out: Output) -> AsyncIterator[Session]:
+                        out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
     """Connect and open, retrying only what is retriable and only before `opened`."""
     for attempt in range(options.retries + 1):
         async with contextlib.AsyncExitStack() as stack:
@@ -151,11 +151,24 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 _say(f"{_describe(exc, options)}; retrying in {delay:.2f}s "
                      f"({attempt + 1}/{options.retries})")
                 await stack.aclose()
-                await anyio.sleep(delay)
+                signum = await _sleep_unless_signalled(delay, signals)
+                if signum is not None:
+                    code = ExecExit.INTERRUPTED if signum == signal.SIGINT else 128 + signum
+                    raise ExecFailure(code, f"{signal.Signals(signum).name} while waiting to "
+                                            "retry: nothing was started") from exc
                 continue
             out.event("opened", pid=session.pid)
             yield session
             return
+
+
+async def _sleep_unless_signalled(delay: float, signals: AsyncIterator[int]) -> int | None:
+    """Wait ``delay`` seconds between retries; a signal to stop (not SIGWINCH) ends it early."""
+    with anyio.move_on_after(delay):
+        async for signum in signals:
+            if signum in FORWARDED:
+                return signum
+    return None
 
 
 def _describe(exc: BaseException, options: ExecOptions) -> str:
@@ -254,7 +267,7 @@ async def _exec(options: ExecOptions) -> int:
     size = terminal.window_size(0 if stdin_tty else 1)
     with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
         try:
-            async with _open_session(options, pty, size, out) as session:
+            async with _open_session(options, pty, size, out, signals) as session:
                 with terminal.raw_mode(0) if raw else contextlib.nullcontext():
                     return await _stream(session, out, pty, raw, signals)
         except ExecFailure as exc:

@@ -151,3 +151,17 @@ def test_sigterm_to_the_client_is_forwarded(server_process: ServerProcess) -> No
         if client.poll() is None:
             client.kill()
             client.communicate()
+
+
+def test_sigint_while_retrying_stops_at_once_and_starts_nothing(short_dir: Path) -> None:
+    client = subprocess.Popen(ttyserve_command("exec", "--connect", f"unix:{short_dir / 'none'}",
+                                               "--retries", "50", "--", "true"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert client.stderr is not None
+    assert b"retrying" in client.stderr.readline()
+    started = time.monotonic()
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=10)
+    assert client.returncode == ExecExit.INTERRUPTED
+    assert time.monotonic() - started < 3
+    assert b"nothing was started" in err
