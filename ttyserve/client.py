@@ -34,7 +34,7 @@ from .protocol.connection import (
     WelcomeReceived,
 )
 from .protocol.errors import ProtocolError
-from .protocol.frames import FrameKind
+from .protocol.frames import DEFAULT_MAX_FRAME, FrameKind
 from .protocol.messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -117,9 +117,11 @@ class Session:
     # --- input --------------------------------------------------------------
 
     async def send(self, data: bytes) -> None:
-        """Write to the process's stdin (or type into its terminal)."""
-        if data:
-            await self._connection._write(self._connection._core.stdin(self.channel, data))
+        """Write to the process's stdin (or type into its terminal), in frames the server takes."""
+        connection = self._connection
+        step = connection.max_frame
+        for start in range(0, len(data), step):
+            await connection._write(connection._core.stdin(self.channel, data[start:start + step]))
 
     async def eof(self) -> None:
         """End of input: pipe stdin closed, or the terminal's EOF character."""
@@ -223,7 +225,7 @@ class Connection:
         self.multiplex = multiplex
         self.window = window
         self.welcome: Welcome | None = None
-        self._welcomed = anyio.Event()
+        self.max_frame = DEFAULT_MAX_FRAME  # until `welcome` says what the server takes
         self._sessions: dict[int, Session] = {}
         self._channels = itertools.count(1)
         self._failure: BaseException | None = None
@@ -301,7 +303,7 @@ class Connection:
             self._on_error(event.channel, event.error)
         elif isinstance(event, WelcomeReceived):
             self.welcome = event.welcome
-            self._welcomed.set()
+            self.max_frame = event.welcome.max_frame
 
     def _on_error(self, channel: int, error: Error) -> None:
         if channel == 0:
@@ -320,7 +322,6 @@ class Connection:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-        self._welcomed.set()
         for session in self._sessions.values():
             if not session._opened.is_set():
                 session._open_error = self._failure
@@ -362,7 +363,10 @@ async def connect(
         connection = Connection(transport, multiplex, window)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
                       multiplex=multiplex, window=window)
-        await send_all(transport, connection._core.hello(hello))
+        try:
+            await send_all(transport, connection._core.hello(hello))
+        except anyio.BrokenResourceError as exc:
+            raise ConnectionResetError(f"the server closed the connection: {exc}") from exc
         failure: BaseException | None = None
         async with anyio.create_task_group() as tg:
             connection._outbox.attach(tg)

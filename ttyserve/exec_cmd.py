@@ -209,7 +209,13 @@ async def _pump_stdin(session: Session, pty: bool) -> None:
                 await anyio.wait_readable(0)
             except OSError:
                 pollable = False  # e.g. /dev/null: epoll refuses it, and reads never block
-        data = os.read(0, READ_SIZE)
+        try:
+            data = os.read(0, READ_SIZE)
+        except BlockingIOError:
+            continue  # a non-blocking stdin we share with someone else: wait again
+        except OSError as exc:
+            _say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
+            data = b""
         if not data:
             if not (pty and os.isatty(0)):
                 await session.eof()

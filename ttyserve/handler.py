@@ -87,6 +87,11 @@ def busy(message: str) -> RequestError:
     return RequestError(ErrorCode.BUSY, message, retry_after_ms=BUSY_RETRY_MS)
 
 
+def shutting_down() -> RequestError:
+    return RequestError(ErrorCode.SHUTTING_DOWN, "the server is shutting down",
+                        retry_after_ms=BUSY_RETRY_MS)
+
+
 class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
@@ -117,7 +122,8 @@ class ConnectionHandler:
                         anyio.current_time() + self.state.settings.handshake_timeout)
                     with self._read_scope:
                         await self._read_loop()
-                    if self._read_scope.cancelled_caught and self._handshake_pending():
+                    if (self._read_scope.cancelled_caught and self._handshake_pending()
+                            and anyio.current_time() >= self._read_scope.deadline):
                         log.info("%s: no hello and open in time: dropped", self.peer)
                         self.core.reject(0, ProtocolError(
                             f"no {'open' if self.core.hello else 'hello'} within "
@@ -127,16 +133,16 @@ class ConnectionHandler:
                     with anyio.move_on_after(CLOSE_TIMEOUT):
                         await self._flush_core()
                 self.outbox.close()
-                if not self.outbox.done.is_set():
-                    with anyio.move_on_after(CLOSE_TIMEOUT):
-                        await self.outbox.done.wait()
+                # The session's last frames go out however slowly the client reads;
+                # a client that never reads holds only its own connection.
+                await self.outbox.done.wait()
                 tg.cancel_scope.cancel()
             if not self.outbox.broken:
                 await self._close_gracefully()
         finally:
-            self.state.remove_handler(self)
             with anyio.CancelScope(shield=True):
                 await self.transport.aclose()
+            self.state.remove_handler(self)  # after the close: "no handlers" means all closed
 
     def _handshake_pending(self) -> bool:
         return self.core.hello is None or (not self._multiplex and not self._sessions_started
@@ -152,8 +158,7 @@ class ConnectionHandler:
             session.process.hang_up()
         if not self.sessions:
             if self.core.hello is not None:
-                self.core.reject(0, RequestError(
-                    ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
+                self.core.reject(0, shutting_down())
             self._read_scope.cancel()
 
     async def _close_gracefully(self) -> None:
@@ -256,6 +261,7 @@ class ConnectionHandler:
     async def _hello(self, hello: Hello) -> bool:
         delay = self.state.throttle.delay(self.peer)
         if delay:
+            self._end_handshake()  # the handshake deadline must not cut the brake short
             await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
         refusal = self._authorized(hello)
         if refusal is not None:
@@ -266,9 +272,7 @@ class ConnectionHandler:
                                              "that is not allowed"))
             return False
         if self.state.shutting_down:
-            self.core.reject(0, RequestError(ErrorCode.SHUTTING_DOWN,
-                                             "the server is shutting down",
-                                             retry_after_ms=BUSY_RETRY_MS))
+            self.core.reject(0, shutting_down())
             return False
         self._multiplex = hello.multiplex
         if self._multiplex:
@@ -287,9 +291,7 @@ class ConnectionHandler:
                 ErrorCode.BAD_REQUEST,
                 "this connection carries one session (hello.multiplex is false)"))
         if self.state.shutting_down or self._draining:
-            return self._refuse_open(channel, RequestError(
-                ErrorCode.SHUTTING_DOWN, "the server is shutting down",
-                retry_after_ms=BUSY_RETRY_MS))
+            return self._refuse_open(channel, shutting_down())
         if self.state.sessions >= settings.max_sessions:
             return self._refuse_open(channel, busy(
                 f"the server runs its maximum of {settings.max_sessions} sessions"))
@@ -325,24 +327,31 @@ class ConnectionHandler:
         session = Session(channel, process, self._send_frame, self.core.exit, settings.linger,
                           hello.window if hello is not None else None, settings.max_frame)
         self.sessions[channel] = session
-        if self.state.journal is not None:
-            await self.state.journal.start(session_id, str(self.peer), spec.argv, spec.pty,
-                                           process.pid)
-        await self._send_frame(_ALWAYS, self.core.opened(channel, process.pid))
+        # The scope exists before the task runs, so a `cancel` read right after the
+        # `open` (in the same batch) cancels it; `opened` and the journal's start
+        # record are written by the task, which always closes the process.
+        scope = self._scopes[channel] = anyio.CancelScope()
         assert self._session_group is not None
-        self._session_group.start_soon(self._run_session, session, session_id)
+        self._session_group.start_soon(self._run_session, session, scope, session_id, spec)
         return True
 
-    async def _run_session(self, session: Session, session_id: str) -> None:
+    async def _run_session(self, session: Session, scope: anyio.CancelScope, session_id: str,
+                           spec: ProcessSpec) -> None:
         channel = session.channel
         status: Exit | None = None
-        with anyio.CancelScope() as scope:
-            self._scopes[channel] = scope
+        with scope:
             try:
+                if self.state.journal is not None:
+                    await self.state.journal.start(session_id, str(self.peer), spec.argv,
+                                                   spec.pty, session.process.pid)
+                await self._send_frame(channel, self.core.opened(channel, session.process.pid))
                 status = await session.run()
             finally:
+                await session.process.aclose()  # idempotent; shielded inside
+                session.close_input()
                 del self.sessions[channel]
                 del self._scopes[channel]
+                self.outbox.forget(channel)
                 self.state.sessions -= 1
                 if self.state.journal is not None:
                     with anyio.CancelScope(shield=True):

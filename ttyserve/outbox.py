@@ -61,6 +61,8 @@ class Outbox:
         """
         if self.broken or self._closing:
             raise anyio.BrokenResourceError("the connection is closed")
+        if channel in self.dropped:
+            return  # the client cancelled the channel: nothing more goes out on it
         size = sum(len(p) for p in parts)
         if not self._items:
             try:
@@ -83,6 +85,12 @@ class Outbox:
         while self._queued > self.limit and not self.broken:
             space = self._space = self._space or anyio.Event()
             await space.wait()
+
+    def forget(self, channel: int) -> None:
+        """The channel's session is gone: drop its unstarted frames and stop tracking it."""
+        if channel in self.dropped:
+            self._drop_cancelled()
+            self.dropped.discard(channel)
 
     def close(self) -> None:
         """No more frames: what is queued is still sent, then `done` is set."""

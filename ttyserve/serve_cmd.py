@@ -97,6 +97,8 @@ async def _serve(config: ServeConfig) -> int:
         check_exposure(addresses, token, config)
         tls = tls_context(config, addresses)
         default_argv = shlex.split(config.command) if config.command else login_shell()
+        if not default_argv:
+            raise ConfigError(f"command {config.command!r} names no program")
     except (AddressError, ConfigError, ValueError) as exc:
         log.error("configuration: %s", exc)
         return ServeExit.CONFIG

@@ -57,6 +57,7 @@ class Server:
         self.reap_orphans = reap_orphans
         self.tls = tls
         self.max_connections = max_connections
+        self._connections = 0
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -151,33 +152,49 @@ class Server:
         except OSError:
             sock.close()
             return
-        transport: Transport = SocketTransport(sock)
-        if len(self.state.handlers) >= self.max_connections:
-            log.warning("%s: refused: %d connections open", peer, len(self.state.handlers))
-            await refuse_busy(transport, self.max_connections)
-            return
-        if transport_kind == "tls":
-            assert self.tls is not None
-            tls_stream = None
-            with anyio.move_on_after(self.state.settings.handshake_timeout):
-                try:
-                    stream = await anyio.abc.SocketStream.from_socket(sock)
-                    tls_stream = await TLSStream.wrap(stream, server_side=True,
-                                                      ssl_context=self.tls,
-                                                      standard_compatible=False)
-                except (ssl.SSLError, OSError, anyio.BrokenResourceError,
-                        anyio.EndOfStream) as exc:
-                    log.info("%s: TLS handshake failed: %s", peer, exc)
-            if tls_stream is None:
-                log.info("%s: no TLS handshake in time", peer)
-                await transport.aclose()
-                return
-            transport = StreamTransport(tls_stream)
-        handler = ConnectionHandler(transport, self.state, peer)
+        self._connections += 1  # counted from accept: TLS handshakes take a slot too
         try:
-            await handler.run()
-        except Exception:  # one connection's bug must not take the server down
-            log.exception("connection %s failed", handler.peer)
+            transport = await self._open_transport(sock, transport_kind, peer)
+            if transport is None:
+                return
+            handler = ConnectionHandler(transport, self.state, peer)
+            try:
+                await handler.run()
+            except Exception:  # one connection's bug must not take the server down
+                log.exception("connection %s failed", handler.peer)
+        finally:
+            self._connections -= 1
+
+    async def _open_transport(self, sock: socket.socket, transport_kind: str,
+                              peer: object) -> Transport | None:
+        """The connection's transport, or None when it was refused or its TLS failed."""
+        if self._connections > self.max_connections:
+            log.warning("%s: refused: %d connections open", peer, self._connections - 1)
+            if transport_kind == "tls":  # a plaintext frame would be garbage to a TLS client
+                sock.close()
+            else:
+                await refuse_busy(SocketTransport(sock), self.max_connections)
+            return None
+        if transport_kind != "tls":
+            return SocketTransport(sock)
+        assert self.tls is not None
+        stream: anyio.abc.ByteStream | None = None
+        with anyio.move_on_after(self.state.settings.handshake_timeout) as deadline:
+            try:
+                stream = await anyio.abc.SocketStream.from_socket(sock)
+                return StreamTransport(await TLSStream.wrap(
+                    stream, server_side=True, ssl_context=self.tls, standard_compatible=False))
+            except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                log.info("%s: TLS handshake failed: %s", peer, exc)
+        if deadline.cancelled_caught:
+            log.info("%s: no TLS handshake in time", peer)
+        # Close what owns the descriptor: the asyncio transport, once there is one.
+        with anyio.CancelScope(shield=True):
+            if stream is not None:
+                await stream.aclose()
+            else:
+                sock.close()
+        return None
 
 
 async def refuse_busy(transport: Transport, limit: int) -> None:

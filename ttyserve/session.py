@@ -38,25 +38,32 @@ class Credit:
         self.frame_limit = min(READ_SIZE, frame_limit)
         self._changed: anyio.Event | None = None  # made only when someone has to wait
 
-    async def wait(self) -> int:
-        """How many bytes may be read and sent now, once there is any credit."""
+    async def take(self) -> int:
+        """Reserve what may be read and sent now (at most one frame), once there is credit."""
         while self.available is not None and self.available <= 0:
             changed = self._changed = self._changed or anyio.Event()
             await changed.wait()
         if self.available is None:
             return self.frame_limit
-        return min(self.frame_limit, self.available)
+        size = min(self.frame_limit, self.available)
+        self.available -= size  # reserved: two pumps of one channel never overdraw it
+        return size
 
-    def spend(self, size: int) -> None:
-        if self.available is not None:
-            self.available -= size
+    def refund(self, size: int) -> None:
+        """Give back the part of a reservation that was not sent."""
+        if self.available is not None and size > 0:
+            self.available += size
+            self._wake()
 
     def grant(self, size: int) -> None:
         if self.available is not None:
             self.available += size
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
 
 class _Reading:
@@ -127,6 +134,13 @@ class Session:
             space = self._stdin_space = self._stdin_space or anyio.Event()
             await space.wait()
 
+    def close_input(self) -> None:
+        """The session is over: drop queued stdin and release any feeder waiting for room."""
+        self._stdin_broken = True
+        self._stdin.clear()
+        self._stdin_queued = 0
+        self._wake_feeders()
+
     async def feed_eof(self) -> None:
         """End-of-input, behind the stdin already queued."""
         self._queue_input(Eof())
@@ -175,13 +189,21 @@ class Session:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
                     reading.now = True  # only a read may be cut short by the linger
-                    data = await source.receive(await self.credit.wait())
+                    limit = await self.credit.take()
+                    try:
+                        data = await source.receive(limit)
+                    except BaseException:
+                        self.credit.refund(limit)
+                        raise
                     reading.now = False
+                    self.credit.refund(limit - len(data))
                     if not data:
                         return
                     await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            data = source.receive_nowait(await self.credit.wait())
+            limit = await self.credit.take()
+            data = source.receive_nowait(limit)
+            self.credit.refund(limit - len(data))
             if data:
                 await self._send_output(kind, data)
         finally:
@@ -191,7 +213,6 @@ class Session:
 
     async def _send_output(self, kind: FrameKind, data: bytes) -> None:
         self.bytes_out += len(data)
-        self.credit.spend(len(data))
         await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
 
     # --- input that has to wait ---------------------------------------------

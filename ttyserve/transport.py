@@ -159,8 +159,11 @@ async def open_transport(address: Address, tls: ssl.SSLContext | None = None) ->
         return SocketTransport(await _connect_socket(socket.AF_UNIX, address.path))
     if address.scheme == "tls":
         context = tls or ssl.create_default_context()
-        stream = await anyio.connect_tcp(address.host, address.port, tls=True,
-                                         ssl_context=context, tls_standard_compatible=False)
+        try:
+            stream = await anyio.connect_tcp(address.host, address.port, tls=True,
+                                             ssl_context=context, tls_standard_compatible=False)
+        except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise ConnectionResetError(f"the TLS handshake was cut off: {exc}") from exc
         return StreamTransport(stream)
     infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
     error: OSError | None = None

@@ -105,3 +105,27 @@ async def test_guessing_tokens_slows_to_a_crawl(secure_server: ServerProcess) ->
     assert max(timings[:5]) < 0.5  # the first failures are answered at once
     assert timings[-1] >= 1.5  # then each answer waits longer: 0.5 s, 1 s, 2 s, ...
     assert timings[-1] > timings[-2] > timings[-3]
+
+
+async def test_failed_tls_handshakes_leave_the_server_healthy(secure_server: ServerProcess,
+                                                              ca: trustme.CA,
+                                                              short_dir: Path) -> None:
+    import socket
+
+    host, port = address(secure_server, "tls").removeprefix("tls:").rsplit(":", 1)
+    for _ in range(5):  # plaintext on a TLS port: each handshake fails
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
+            try:
+                while sock.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+    for _ in range(10):  # descriptors the failed handshakes used are reused without harm
+        result = await run(["echo", "ok"], address=address(secure_server, "unix"))
+        assert result.stdout == b"ok\n"
+    tls = trusting(ca, short_dir)
+    result = await run(["echo", "tls"], address=address(secure_server, "tls"), token=TOKEN,
+                       tls=tls)
+    assert result.stdout == b"tls\n"
+    assert "used by transport" not in secure_server.stderr_tail()

@@ -81,12 +81,9 @@ class ProcessHandle(Protocol):
         """Reap the process and return its status as the wire `exit` (never raises)."""
         ...
 
-    async def terminate(self) -> Exit:
-        """The cancel path: SIGHUP the group, SIGKILL after a grace, reap."""
-        ...
-
     async def aclose(self) -> None:
-        """Release every descriptor; terminates first if the process was not reaped."""
+        """The cancel path when not reaped yet (SIGHUP to the group, SIGKILL after a grace,
+        reap), then release every descriptor. Idempotent; never cancelled half-way."""
         ...
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import signal
 import struct
@@ -23,6 +24,8 @@ from ..protocol.messages import Exit
 from .base import ProcessSpec
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
+
+log = logging.getLogger("ttyserve")
 
 READ_SIZE = 1 << 20  # one frame per wake-up: a PTY read gives ~4 KiB, a grown pipe 1 MiB
 PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
@@ -106,7 +109,7 @@ class LocalProcess:
         self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(pid)
-        except OSError as exc:  # already reaped behind our back (SIGCHLD ignored)
+        except ProcessLookupError as exc:  # already reaped behind our back (SIGCHLD ignored)
             self._status = exit_from_wait_error(exc)
             live.discard(pid)
         self._wait_lock = anyio.Lock()
@@ -151,6 +154,8 @@ class LocalProcess:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
             pass
+        except OSError as exc:  # e.g. EPERM: every member switched to another uid
+            log.warning("pid %d: cannot send %s to its group: %s", self.pid, signum, exc.strerror)
 
     def _group_alive(self) -> bool:
         try:
@@ -214,11 +219,6 @@ class LocalProcess:
                 await anyio.sleep(_POLL)
         return status
 
-    async def terminate(self) -> Exit:
-        with anyio.CancelScope(shield=True):
-            status = await self.hangup()
-        return status
-
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if self._closed:
@@ -266,6 +266,9 @@ class PtyProcess(LocalProcess):
             os.killpg(group, signum)
         except ProcessLookupError:
             pass
+        except OSError as exc:
+            log.warning("pid %d: cannot send %s to group %d: %s", self.pid, signum, group,
+                        exc.strerror)
 
     async def send_eof(self) -> None:
         veof = termios.tcgetattr(self._master)[6][termios.VEOF]
@@ -356,14 +359,15 @@ class LocalBackend:
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
                     cwd: str) -> PipeProcess:
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
-        child_ends = [stdin_r, stdout_w, stderr_w]
+        fds: list[int] = []
         try:
+            for _ in range(3):
+                fds.extend(os.pipe())
+            stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = fds
+            child_ends = [stdin_r, stdout_w, stderr_w]
             pid = spawn(executable, spec.argv, env, cwd, Stdio(fds=(stdin_r, stdout_w, stderr_w)))
         except BaseException:
-            _close_all([*child_ends, stdin_w, stdout_r, stderr_r])
+            _close_all(fds)
             raise
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):

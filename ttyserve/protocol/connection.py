@@ -238,7 +238,8 @@ class ServerConnection:
             protocol=PROTOCOL_VERSION, server=server, max_frame=self.max_frame, window=window))
 
     def opened(self, channel: int, pid: int) -> bytes:
-        self.channels[channel] = ChannelState.OPEN
+        if self.channels.get(channel) is ChannelState.OPENING:  # a cancel may have come first
+            self.channels[channel] = ChannelState.OPEN
         return control_frame(FrameKind.CTRL_OUT, channel, Opened(pid=pid))
 
     def exit(self, channel: int, status: Exit) -> bytes:
