@@ -38,32 +38,28 @@ class Credit:
         self.frame_limit = min(READ_SIZE, frame_limit)
         self._changed: anyio.Event | None = None  # made only when someone has to wait
 
-    async def take(self) -> int:
-        """Reserve what may be read and sent now (at most one frame), once there is credit."""
+    async def wait(self) -> None:
+        """Until there is credit to send anything."""
         while self.available is not None and self.available <= 0:
             changed = self._changed = self._changed or anyio.Event()
             await changed.wait()
+
+    def limit(self) -> int:
+        """What may be read and sent now: at most one frame, at most the credit."""
         if self.available is None:
             return self.frame_limit
-        size = min(self.frame_limit, self.available)
-        self.available -= size  # reserved: two pumps of one channel never overdraw it
-        return size
+        return max(0, min(self.frame_limit, self.available))
 
-    def refund(self, size: int) -> None:
-        """Give back the part of a reservation that was not sent."""
-        if self.available is not None and size > 0:
-            self.available += size
-            self._wake()
+    def spend(self, size: int) -> None:
+        if self.available is not None:
+            self.available -= size
 
     def grant(self, size: int) -> None:
         if self.available is not None:
             self.available += size
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
 
 
 class _Reading:
@@ -183,27 +179,26 @@ class Session:
             await self.process.aclose()
 
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
+        # Credit is checked and spent with no await in between (two pumps share it),
+        # and no credit is held while waiting for output.
         reading = _Reading()
         try:
             with anyio.CancelScope() as scope:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
-                    reading.now = True  # only a read may be cut short by the linger
-                    limit = await self.credit.take()
-                    try:
-                        data = await source.receive(limit)
-                    except BaseException:
-                        self.credit.refund(limit)
-                        raise
-                    reading.now = False
-                    self.credit.refund(limit - len(data))
+                    reading.now = True  # only a wait may be cut short by the linger
+                    await self.credit.wait()
+                    data = source.receive_nowait(self.credit.limit())
                     if not data:
-                        return
+                        if source.at_eof:
+                            return
+                        await source.wait_readable()
+                        continue
+                    reading.now = False
                     await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            limit = await self.credit.take()
-            data = source.receive_nowait(limit)
-            self.credit.refund(limit - len(data))
+            await self.credit.wait()
+            data = source.receive_nowait(self.credit.limit())
             if data:
                 await self._send_output(kind, data)
         finally:
@@ -213,6 +208,7 @@ class Session:
 
     async def _send_output(self, kind: FrameKind, data: bytes) -> None:
         self.bytes_out += len(data)
+        self.credit.spend(len(data))
         await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
 
     # --- input that has to wait ---------------------------------------------

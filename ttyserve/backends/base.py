@@ -24,12 +24,17 @@ class ProcessSpec:
 class OutputSource(Protocol):
     """One output stream of a process (stdout, or stderr in pipe mode)."""
 
-    async def receive(self, limit: int) -> bytes:
-        """The next chunk of output, at most ``limit`` bytes; ``b""`` at end of file."""
+    @property
+    def at_eof(self) -> bool:
+        """Whether end-of-file was read."""
+        ...
+
+    async def wait_readable(self) -> None:
+        """Until output (or end-of-file) can be read without waiting."""
         ...
 
     def receive_nowait(self, limit: int) -> bytes:
-        """What can be read right now without waiting; ``b""`` when nothing is buffered."""
+        """Up to ``limit`` bytes that can be read now; ``b""`` if none (see `at_eof`)."""
         ...
 
 

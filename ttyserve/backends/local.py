@@ -82,7 +82,16 @@ class FdSource:
                 pass  # over the user's pipe budget: keep the default size
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    @property
+    def at_eof(self) -> bool:
+        return self.eof
+
+    async def wait_readable(self) -> None:
+        if not self.eof:
+            await anyio.wait_readable(self.fd)
+
     async def receive(self, limit: int = READ_SIZE) -> bytes:
+        """The next output, waiting for it; ``b""`` at end of file."""
         while True:
             data = self._read(limit)
             if data is not None:
