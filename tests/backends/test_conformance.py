@@ -177,7 +177,7 @@ async def test_terminate_kills_the_whole_group_even_when_hup_is_ignored(pty: boo
         buf = b""
         while b"started" not in buf:
             buf += await process.stdout.receive()
-        status = await process.hangup()
+        status = await process.end_group()
         assert status.code == -signal.SIGKILL
         assert processes_in_group(process.pid) == []
     finally:

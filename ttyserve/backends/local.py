@@ -212,7 +212,7 @@ class LocalProcess:
             anyio.notify_closing(fd)
             os.close(fd)
 
-    async def hangup(self, grace: float = KILL_GRACE) -> Exit:
+    async def end_group(self, grace: float = KILL_GRACE) -> Exit:
         """SIGHUP and SIGCONT to the group (a hang-up), SIGKILL after ``grace``; reap."""
         deadline = time.monotonic() + grace
         if not self.returned:
@@ -233,7 +233,7 @@ class LocalProcess:
             if self._closed:
                 return
             if not self.returned:
-                await self.hangup()
+                await self.end_group()
             self._closed = True
             for fd in self._fds():
                 anyio.notify_closing(fd)
