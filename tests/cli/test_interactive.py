@@ -8,6 +8,7 @@ sends SIGWINCH to the client).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -68,11 +69,9 @@ class Terminal:
         raise AssertionError("the client did not exit")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(self.pid, 9)
             os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
         os.close(self.master)
         os.close(self._slave)
 

@@ -6,6 +6,7 @@ descriptors, children and memory are back where they were.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import socket
@@ -67,11 +68,9 @@ def send_and_close(server: ServerProcess, data: bytes, read: bool = True) -> byt
             return b""
         received = b""
         if read:
-            try:
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
                 while chunk := sock.recv(65536):
                     received += chunk
-            except (ConnectionResetError, TimeoutError):
-                pass
         return received
 
 
