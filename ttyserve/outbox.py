@@ -43,6 +43,7 @@ class Outbox:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._writing = False
         self.dropped: set[int] = set()  # channels whose queued, unstarted frames are dropped
+        self._forget_later: set[int] = set()
         self.broken = False
         self._items: collections.deque[_Item] = collections.deque()
         self._queued = 0
@@ -87,10 +88,18 @@ class Outbox:
             await space.wait()
 
     def forget(self, channel: int) -> None:
-        """The channel's session is gone: drop its unstarted frames and stop tracking it."""
-        if channel in self.dropped:
-            self._drop_cancelled()
-            self.dropped.discard(channel)
+        """The channel's session is gone: drop its unstarted frames and stop tracking it.
+
+        While the writer task is sending, the queue is left alone (its batch refers
+        to it); the writer forgets the channel once the queue is empty.
+        """
+        if channel not in self.dropped:
+            return
+        if self._writing:
+            self._forget_later.add(channel)
+            return
+        self._drop_cancelled()
+        self.dropped.discard(channel)
 
     def close(self) -> None:
         """No more frames: what is queued is still sent, then `done` is set."""
@@ -171,6 +180,9 @@ class Outbox:
                     self._wake_producers()
         finally:
             self._writing = False
+            if not self._items:
+                self.dropped -= self._forget_later
+                self._forget_later.clear()
             self._wake_producers()
             if self._closing or self.broken:
                 self.done.set()
