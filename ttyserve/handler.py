@@ -233,7 +233,8 @@ class ConnectionHandler:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
         elif isinstance(event, Reply):
-            await self._send_frame(_ALWAYS, event.data)
+            if event.channel not in self.core.exited:  # the session ended meanwhile
+                await self._send_frame(event.channel, event.data)
         elif isinstance(event, HelloReceived):
             return await self._hello(event.hello)
         elif isinstance(event, OpenRequested):

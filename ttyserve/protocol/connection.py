@@ -81,8 +81,9 @@ class CancelRequested:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Frames the core answered with by itself, in order with the other events."""
+    """A refusal the core answered with by itself, in order with the other events."""
 
+    channel: int
     data: bytes
 
 
@@ -124,6 +125,7 @@ class ServerConnection:
         self.max_frame = max_frame
         self.hello: Hello | None = None
         self.channels: dict[int, ChannelState] = {}
+        self.exited: set[int] = set()  # channels whose `exit` was made: nothing may follow
         self._outbox: list[bytes] = []
 
     @property
@@ -157,7 +159,7 @@ class ServerConnection:
             else:
                 event = self._control(frame.channel, frame.payload)
                 if self._outbox:
-                    events.append(Reply(self.data_to_send()))
+                    events.append(Reply(frame.channel, self.data_to_send()))
                 if event is not None:
                     events.append(event)
         return events
@@ -245,6 +247,7 @@ class ServerConnection:
     def exit(self, channel: int, status: Exit) -> bytes:
         """The last frame of a channel."""
         self.channels[channel] = ChannelState.ENDED
+        self.exited.add(channel)
         return control_frame(FrameKind.CTRL_OUT, channel, status)
 
     def reject(self, channel: int, error: RequestError | ProtocolError) -> None:
