@@ -366,7 +366,7 @@ class ConnectionHandler:
             reason = Reason.SHUTDOWN
         else:
             reason = Reason.EXIT if status is not None else Reason.CANCELLED
-        final = status or session.process_status
+        final = session.process.status
         await self.state.journal.end(
             session_id, reason,
             code=final.code if final else None, signal=final.signal if final else None,

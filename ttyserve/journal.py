@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from .backends.groups import group_alive, signal_group
 from .lease import acquire
 
 log = logging.getLogger("ttyserve")
@@ -182,30 +183,16 @@ def _still_ours(pid: int, recorded_start: object) -> bool:
     the id cannot be taken by a new group while any of them lives.
     """
     current = process_start_time(pid)
-    return current == recorded_start if current is not None else _group_alive(pid)
+    return current == recorded_start if current is not None else group_alive(pid)
 
 
 def _hang_up_survivors(groups: list[int], grace: float) -> None:
     """SIGHUP the process groups of crashed sessions, SIGKILL what is left after ``grace``."""
-    for sig in (signal.SIGHUP, signal.SIGKILL):
-        for group in groups:
-            try:
-                os.killpg(group, sig)
-                if sig == signal.SIGHUP:
-                    os.killpg(group, signal.SIGCONT)
-            except OSError:
-                pass
-        if sig == signal.SIGHUP and groups:
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
-                time.sleep(0.02)
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    for group in groups:
+        signal_group(group, signal.SIGHUP)
+        signal_group(group, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline and any(group_alive(g) for g in groups):
+        time.sleep(0.02)
+    for group in groups:
+        signal_group(group, signal.SIGKILL)

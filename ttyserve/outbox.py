@@ -93,13 +93,10 @@ class Outbox:
         While the writer task is sending, the queue is left alone (its batch refers
         to it); the writer forgets the channel once the queue is empty.
         """
-        if channel not in self.dropped:
-            return
         if self._writing:
             self._forget_later.add(channel)
-            return
-        self._drop_cancelled()
-        self.dropped.discard(channel)
+        else:  # nothing is queued when no writer runs
+            self.dropped.discard(channel)
 
     def close(self) -> None:
         """No more frames: what is queued is still sent, then `done` is set."""

@@ -24,10 +24,9 @@ from .addresses import Address
 from .auth import peer_of
 from .backends.base import Backend
 from .backends.local import LocalBackend
-from .handler import BUSY_RETRY_MS, ConnectionHandler, ServerSettings, ServerState
+from .handler import ConnectionHandler, ServerSettings, ServerState, busy
 from .journal import Journal
 from .protocol.connection import control_frame, error_message
-from .protocol.errors import ErrorCode, RequestError
 from .protocol.frames import FrameKind
 from .transport import SocketTransport, StreamTransport, Transport, send_all
 
@@ -199,8 +198,7 @@ class Server:
 
 async def refuse_busy(transport: Transport, limit: int) -> None:
     """Answer `busy` on channel 0 to a connection over the limit, then close it."""
-    error = RequestError(ErrorCode.BUSY, f"the server has its maximum of {limit} connections",
-                         retry_after_ms=BUSY_RETRY_MS)
+    error = busy(f"the server has its maximum of {limit} connections")
     frame = control_frame(FrameKind.CTRL_OUT, 0, error_message(error))
     with anyio.move_on_after(1):
         try:

@@ -38,6 +38,11 @@ class Credit:
         self.frame_limit = min(READ_SIZE, frame_limit)
         self._changed: anyio.Event | None = None  # made only when someone has to wait
 
+    @property
+    def blocked(self) -> bool:
+        """Whether nothing may be sent until the client grants more."""
+        return self.available is not None and self.available <= 0
+
     async def wait(self) -> None:
         """Until there is credit to send anything."""
         while self.available is not None and self.available <= 0:
@@ -100,14 +105,8 @@ class Session:
         self._lingering_over = False
         self._open_outputs = 2 if process.stderr is not None else 1
         self._outputs_done = anyio.Event()
-        self.status: Exit | None = None
         self.bytes_in = 0
         self.bytes_out = 0
-
-    @property
-    def process_status(self) -> Exit | None:
-        """How the process ended, even when the session was cancelled (None if unknown)."""
-        return self.status or self.process.status
 
     # --- called by the connection ------------------------------------------
 
@@ -161,7 +160,7 @@ class Session:
                 tg.start_soon(self._pump_output, self.process.stdout, FrameKind.STDOUT)
                 if self.process.stderr is not None:
                     tg.start_soon(self._pump_output, self.process.stderr, FrameKind.STDERR)
-                status = self.status = await self.process.wait()
+                status = await self.process.wait()
                 if not self._outputs_done.is_set():
                     with anyio.move_on_after(self._linger):
                         await self._outputs_done.wait()
@@ -187,29 +186,30 @@ class Session:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
                     reading.now = True  # only a wait may be cut short by the linger
-                    await self.credit.wait()
-                    data = source.receive_nowait(self.credit.limit())
-                    if not data:
+                    if not await self._send_available(source, kind, reading):
                         if source.at_eof:
                             return
                         await source.wait_readable()
-                        continue
-                    reading.now = False
-                    await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            await self.credit.wait()
-            data = source.receive_nowait(self.credit.limit())
-            if data:
-                await self._send_output(kind, data)
+            await self._send_available(source, kind, reading)
         finally:
             self._open_outputs -= 1
             if self._open_outputs == 0:
                 self._outputs_done.set()
 
-    async def _send_output(self, kind: FrameKind, data: bytes) -> None:
+    async def _send_available(self, source: OutputSource, kind: FrameKind,
+                              reading: _Reading) -> bool:
+        """Read what is buffered now (within credit) and send it; False if there was none."""
+        if self.credit.blocked:
+            await self.credit.wait()
+        data = source.receive_nowait(self.credit.limit())
+        if not data:
+            return False
+        reading.now = False  # data in hand: from here on the linger must not cut in
         self.bytes_out += len(data)
         self.credit.spend(len(data))
         await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
+        return True
 
     # --- input that has to wait ---------------------------------------------
 

@@ -13,11 +13,18 @@ import pytest
 from helpers import SH, processes_in_group
 
 from ttyserve.backends.base import ProcessSpec
-from ttyserve.backends.local import LocalBackend, LocalProcess
+from ttyserve.backends.local import FdSource, LocalBackend, LocalProcess
 from ttyserve.backends.spawn import SpawnError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
 MODES = [pytest.param(False, id="pipe"), pytest.param(True, id="pty")]
+
+
+async def receive(source: FdSource) -> bytes:
+    """The next output of ``source``, waiting for it; b"" at end of file."""
+    while not (data := source.receive_nowait(1 << 20)) and not source.at_eof:
+        await source.wait_readable()
+    return data
 
 
 async def read_all(process: LocalProcess) -> tuple[bytes, bytes]:
@@ -26,13 +33,13 @@ async def read_all(process: LocalProcess) -> tuple[bytes, bytes]:
     async def drain_stderr() -> None:
         nonlocal err
         assert process.stderr is not None
-        while data := await process.stderr.receive():
+        while data := await receive(process.stderr):
             err += data
 
     async with anyio.create_task_group() as tg:
         if process.stderr is not None:
             tg.start_soon(drain_stderr)
-        while data := await process.stdout.receive():
+        while data := await receive(process.stdout):
             out += data
     return out, err
 
@@ -120,7 +127,7 @@ async def test_resize_reaches_the_pty_with_sigwinch() -> None:
     try:
         buf = b""
         while b"ready" not in buf:
-            buf += await process.stdout.receive()
+            buf += await receive(process.stdout)
         process.resize(40, 120)
         out, _ = await read_all(process)
         assert b"40 120" in out
@@ -176,7 +183,7 @@ async def test_terminate_kills_the_whole_group_even_when_hup_is_ignored(pty: boo
     try:
         buf = b""
         while b"started" not in buf:
-            buf += await process.stdout.receive()
+            buf += await receive(process.stdout)
         status = await process.end_group()
         assert status.code == -signal.SIGKILL
         assert processes_in_group(process.pid) == []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
 import signal
 import struct
@@ -22,12 +21,10 @@ import anyio
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from .base import ProcessSpec
+from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
 
-log = logging.getLogger("ttyserve")
-
-READ_SIZE = 1 << 20  # one frame per wake-up: a PTY read gives ~4 KiB, a grown pipe 1 MiB
 PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
 _PIPE_DEFAULT = 64 * 1024
 _SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
@@ -35,8 +32,9 @@ KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
 _POLL = 0.02  # group members that are not our children can only be polled
 
 
-def _set_nonblocking(fd: int) -> None:
-    os.set_blocking(fd, False)
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """TIOCSWINSZ: the kernel sends SIGWINCH to the terminal's foreground group."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 class FdSource:
@@ -90,15 +88,7 @@ class FdSource:
         if not self.eof:
             await anyio.wait_readable(self.fd)
 
-    async def receive(self, limit: int = READ_SIZE) -> bytes:
-        """The next output, waiting for it; ``b""`` at end of file."""
-        while True:
-            data = self._read(limit)
-            if data is not None:
-                return data
-            await anyio.wait_readable(self.fd)
-
-    def receive_nowait(self, limit: int = READ_SIZE) -> bytes:
+    def receive_nowait(self, limit: int) -> bytes:
         return self._read(limit) or b""
 
 
@@ -158,30 +148,13 @@ class LocalProcess:
 
     # --- control ------------------------------------------------------------
 
-    def _signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:  # e.g. EPERM: every member switched to another uid
-            log.warning("pid %d: cannot send %s to its group: %s", self.pid, signum, exc.strerror)
-
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def send_signal(self, signum: int) -> None:
-        self._signal_group(signum)
+        signal_group(self.pid, signum)
 
     def hang_up(self) -> None:
         """What a terminal hang-up does: SIGHUP, then SIGCONT so stopped jobs see it."""
-        self._signal_group(signal.SIGHUP)
-        self._signal_group(signal.SIGCONT)
+        signal_group(self.pid, signal.SIGHUP)
+        signal_group(self.pid, signal.SIGCONT)
 
     def resize(self, rows: int, cols: int) -> None:
         return None
@@ -219,12 +192,12 @@ class LocalProcess:
             self.hang_up()
         with anyio.move_on_after(grace):
             await self.wait()
-            while self._group_alive() and time.monotonic() < deadline:
+            while group_alive(self.pid) and time.monotonic() < deadline:
                 await anyio.sleep(_POLL)
-        self._signal_group(signal.SIGKILL)
+        signal_group(self.pid, signal.SIGKILL)
         status = await self.wait()
         with anyio.move_on_after(grace):  # killed members vanish once reaped
-            while self._group_alive():
+            while group_alive(self.pid):
                 await anyio.sleep(_POLL)
         return status
 
@@ -264,20 +237,14 @@ class PtyProcess(LocalProcess):
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
-        fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        set_window_size(self._master, rows, cols)
 
     def send_signal(self, signum: int) -> None:
         try:
             group = os.tcgetpgrp(self._master)
         except OSError:
             group = self.pid
-        try:
-            os.killpg(group, signum)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:
-            log.warning("pid %d: cannot send %s to group %d: %s", self.pid, signum, group,
-                        exc.strerror)
+        signal_group(group, signum)
 
     async def send_eof(self) -> None:
         veof = termios.tcgetattr(self._master)[6][termios.VEOF]
@@ -357,13 +324,13 @@ class LocalBackend:
                    cwd: str) -> PtyProcess:
         master, slave = os.openpty()
         try:
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", spec.rows, spec.cols, 0, 0))
+            set_window_size(slave, spec.rows, spec.cols)
             pid = spawn(executable, spec.argv, env, cwd, Stdio(tty_path=os.ttyname(slave)))
         except BaseException:
             _close_all([master, slave])
             raise
         os.close(slave)
-        _set_nonblocking(master)
+        os.set_blocking(master, False)
         return self.pty_process(pid, master, self.live, self._leader_reaped)
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
@@ -380,7 +347,7 @@ class LocalBackend:
             raise
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):
-            _set_nonblocking(fd)
+            os.set_blocking(fd, False)
         return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
                                  FdSource(stderr_r, growable=True), self.live, self._leader_reaped)
 
