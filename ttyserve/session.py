@@ -38,11 +38,6 @@ class Credit:
         self.frame_limit = min(READ_SIZE, frame_limit)
         self._changed: anyio.Event | None = None  # made only when someone has to wait
 
-    @property
-    def blocked(self) -> bool:
-        """Whether nothing may be sent until the client grants more."""
-        return self.available is not None and self.available <= 0
-
     async def wait(self) -> None:
         """Until there is credit to send anything."""
         while self.available is not None and self.available <= 0:
@@ -186,30 +181,29 @@ class Session:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
                     reading.now = True  # only a wait may be cut short by the linger
-                    if not await self._send_available(source, kind, reading):
+                    await self.credit.wait()
+                    data = source.receive_nowait(self.credit.limit())
+                    if not data:
                         if source.at_eof:
                             return
                         await source.wait_readable()
+                        continue
+                    reading.now = False
+                    await self._send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            await self._send_available(source, kind, reading)
+            await self.credit.wait()
+            data = source.receive_nowait(self.credit.limit())
+            if data:
+                await self._send_output(kind, data)
         finally:
             self._open_outputs -= 1
             if self._open_outputs == 0:
                 self._outputs_done.set()
 
-    async def _send_available(self, source: OutputSource, kind: FrameKind,
-                              reading: _Reading) -> bool:
-        """Read what is buffered now (within credit) and send it; False if there was none."""
-        if self.credit.blocked:
-            await self.credit.wait()
-        data = source.receive_nowait(self.credit.limit())
-        if not data:
-            return False
-        reading.now = False  # data in hand: from here on the linger must not cut in
+    async def _send_output(self, kind: FrameKind, data: bytes) -> None:
         self.bytes_out += len(data)
         self.credit.spend(len(data))
         await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
-        return True
 
     # --- input that has to wait ---------------------------------------------
 
