@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-
-class AddressError(ValueError):
-    """An address that does not parse; the message names it."""
+from .errors import AddressError
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__, config
-from .addresses import AddressError, default_address, parse_address
+from .addresses import default_address, parse_address
+from .errors import AddressError, ConfigError, UsageError
 from .exitcodes import ExecExit, ServeExit
 
 
@@ -76,10 +77,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = config.load(args)
-    except config.UsageError as exc:
+    except UsageError as exc:
         sys.stderr.write(f"ttyserve serve: {exc}\n")
         return ServeExit.USAGE
-    except config.ConfigError as exc:
+    except ConfigError as exc:
         sys.stderr.write(f"ttyserve serve: {exc}\n")
         return ServeExit.CONFIG
     return serve_main(settings)

@@ -24,6 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import __version__
 from .addresses import Address, default_address, parse_address
+from .errors import RemoteProtocolError as ProtocolError
 from .outbox import Outbox
 from .protocol.connection import (
     ClientConnection,
@@ -33,7 +34,6 @@ from .protocol.connection import (
     OutputReceived,
     WelcomeReceived,
 )
-from .protocol.errors import ProtocolError
 from .protocol.frames import DEFAULT_MAX_FRAME, FrameKind
 from .protocol.messages import (
     PROTOCOL_VERSION,

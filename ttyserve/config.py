@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .errors import ConfigError, UsageError
 from .protocol.frames import DEFAULT_MAX_FRAME
 from .server import DEFAULT_SHUTDOWN_TIMEOUT
 from .session import DEFAULT_LINGER
@@ -92,14 +93,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("shutdown_timeout", "graceful shutdown watchdog, seconds (default 30)", "S"),
     Option("journal", "append session records to this file (fsync'd JSON lines)", "FILE"),
 )
-
-
-class ConfigError(Exception):
-    """A setting that cannot be used; the message names where it came from."""
-
-
-class UsageError(ConfigError):
-    """A bad command-line flag (exit 2 rather than 3)."""
 
 
 def _field_types() -> dict[str, Any]:

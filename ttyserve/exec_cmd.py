@@ -26,7 +26,7 @@ from . import terminal
 from .addresses import Address
 from .client import ConnectionLost, ServerError, Session, client_tls_context, connect
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
-from .protocol.errors import ErrorCode
+from .protocol.codes import ErrorCode
 from .protocol.messages import Error, Exit, SignalName
 
 READ_SIZE = 64 * 1024

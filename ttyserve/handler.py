@@ -19,9 +19,12 @@ import anyio.abc
 from . import __version__
 from .auth import AuthThrottle, Peer, token_matches
 from .backends.base import Backend, ProcessSpec
+from .errors import RemoteProtocolError as ProtocolError
+from .errors import RequestError
 from .journal import Journal, Reason, new_session_id
 from .outbox import Outbox
 from .policy import Policy
+from .protocol.codes import ErrorCode
 from .protocol.connection import (
     CancelRequested,
     ControlReceived,
@@ -33,7 +36,6 @@ from .protocol.connection import (
     ServerEvent,
     StdinReceived,
 )
-from .protocol.errors import ErrorCode, ProtocolError, RequestError
 from .protocol.frames import DEFAULT_MAX_FRAME
 from .protocol.messages import Eof, Exit, Hello, Open
 from .session import DEFAULT_LINGER, Session

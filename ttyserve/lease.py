@@ -12,16 +12,9 @@ import fcntl
 import os
 import struct
 
+from .errors import LeaseError
+
 _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on Linux x86-64 and aarch64
-
-
-class LeaseError(Exception):
-    """Another live process holds the lease (exit 4); the message names its pid."""
-
-    def __init__(self, what: str, pid: int | None) -> None:
-        holder = f"pid {pid}" if pid else "another process"
-        super().__init__(f"{what} is held by {holder}")
-        self.pid = pid
 
 
 def holder_pid(fd: int) -> int | None:

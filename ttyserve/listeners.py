@@ -8,13 +8,10 @@ import socket
 import stat
 
 from .addresses import Address, default_socket_path
+from .errors import ListenError
 from .lease import SocketLease
 
 BACKLOG = 1024
-
-
-class ListenError(Exception):
-    """An address cannot be bound (a configuration error: exit 3)."""
 
 
 def _clear_stale_socket(path: str) -> None:
@@ -132,4 +129,4 @@ def remove_socket_file(address: Address) -> None:
             os.unlink(address.path)
 
 
-__all__ = ["ListenError", "SocketLease", "open_listeners", "remove_socket_file"]
+__all__ = ["SocketLease", "open_listeners", "remove_socket_file"]

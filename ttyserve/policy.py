@@ -6,7 +6,8 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-from .protocol.errors import ErrorCode, RequestError
+from .errors import RequestError
+from .protocol.codes import ErrorCode
 from .protocol.messages import Open
 
 # Variables that make a restricted command load code of the client's choosing.

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 
 import anyio
 
-from .addresses import Address, AddressError, default_address, is_loopback, parse_address
+from .addresses import Address, default_address, is_loopback, parse_address
 from .backends.spawn import spawn_supported
-from .config import ConfigError, ServeConfig, read_token
+from .config import ServeConfig, read_token
+from .errors import AddressError, ConfigError, LeaseError, ListenError
 from .exitcodes import ServeExit
 from .handler import ServerSettings
 from .journal import Journal
-from .lease import LeaseError
-from .listeners import ListenError, SocketLease, open_listeners, remove_socket_file
+from .listeners import SocketLease, open_listeners, remove_socket_file
 from .policy import Policy
 from .server import Server, login_shell
 

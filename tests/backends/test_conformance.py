@@ -14,7 +14,7 @@ from helpers import SH, processes_in_group
 
 from ttyserve.backends.base import ProcessSpec
 from ttyserve.backends.local import FdSource, LocalBackend, LocalProcess
-from ttyserve.backends.spawn import SpawnError
+from ttyserve.errors import SpawnError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
 MODES = [pytest.param(False, id="pipe"), pytest.param(True, id="pty")]

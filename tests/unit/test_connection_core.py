@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import HELLO, ctrl
 
+from ttyserve.errors import RemoteProtocolError as ProtocolError
+from ttyserve.protocol.codes import ErrorCode
 from ttyserve.protocol.connection import (
     CancelRequested,
     ClientConnection,
@@ -20,7 +22,6 @@ from ttyserve.protocol.connection import (
     StdinReceived,
     WelcomeReceived,
 )
-from ttyserve.protocol.errors import ErrorCode, ProtocolError
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Hello, Open, Resize, parse_object
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from ttyserve.exitcodes import ExecExit, ServeExit
-from ttyserve.protocol.errors import RETRIABLE, ErrorCode
+from ttyserve.protocol.codes import RETRIABLE, ErrorCode
 from ttyserve.protocol.frames import FrameKind
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ttyserve.protocol.errors import ProtocolError
+from ttyserve.errors import RemoteProtocolError as ProtocolError
 from ttyserve.protocol.frames import (
     HEADER_SIZE,
     Frame,

@@ -96,5 +96,5 @@ class Backend(Protocol):
     """Starts processes for sessions."""
 
     async def spawn(self, spec: ProcessSpec) -> ProcessHandle:
-        """Start ``spec``; raises backends.spawn.SpawnError with an errno on failure."""
+        """Start ``spec``; raises errors.SpawnError with an errno on failure."""
         ...

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..errors import SpawnError
+
 # glibc <spawn.h> flag values (Linux).
 _SETSIGDEF = 0x04
 _SETSIGMASK = 0x08
@@ -26,10 +28,6 @@ _SETSID = 0x80
 # Opaque glibc types, over-allocated: posix_spawnattr_t is 336 bytes and
 # posix_spawn_file_actions_t 80 bytes on x86-64; sigset_t is 128 bytes.
 _OPAQUE_SIZE = 1024
-
-
-class SpawnError(OSError):
-    """The process could not be started; ``errno`` says why, ``strerror`` for people."""
 
 
 @dataclass(frozen=True, slots=True)

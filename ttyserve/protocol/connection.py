@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .errors import RETRIABLE, ErrorCode, ProtocolError, RequestError
+from ..errors import RemoteProtocolError, RequestError
+from .codes import ErrorCode
 from .frames import (
     CLIENT_KINDS,
     DEFAULT_MAX_FRAME,
@@ -100,7 +101,7 @@ ServerEvent = (
 )
 
 
-def error_message(error: RequestError | ProtocolError) -> Error:
+def error_message(error: RequestError | RemoteProtocolError) -> Error:
     """The wire form of a refusal."""
     errno = error.errno if isinstance(error, RequestError) else None
     retry = error.retry_after_ms if isinstance(error, RequestError) else None
@@ -108,7 +109,7 @@ def error_message(error: RequestError | ProtocolError) -> Error:
         code=str(error.code),
         message=error.message,
         errno=errno,
-        retriable=error.code in RETRIABLE,
+        retriable=error.retriable if isinstance(error, RequestError) else False,
         retry_after_ms=retry,
     )
 
@@ -142,13 +143,13 @@ class ServerConnection:
     def receive_data(self, data: bytes) -> list[ServerEvent]:
         """Feed received bytes; return the events in order.
 
-        Raises :class:`ProtocolError` when the peer broke the protocol; events
+        Raises :class:`RemoteProtocolError` when the peer broke the protocol; events
         decoded before the offending frame are lost with the connection.
         """
         events: list[ServerEvent] = []
         for frame in self._decoder.feed(data):
             if frame.kind not in CLIENT_KINDS:
-                raise ProtocolError(f"frame kind {frame.kind.name} is not sent by clients")
+                raise RemoteProtocolError(f"frame kind {frame.kind.name} is not sent by clients")
             if self.hello is None:
                 events.append(self._first_frame(frame.kind, frame.channel, frame.payload))
                 continue
@@ -166,22 +167,22 @@ class ServerConnection:
 
     def _first_frame(self, kind: FrameKind, channel: int, payload: bytes) -> HelloReceived:
         if kind is not FrameKind.CTRL_IN or channel != 0:
-            raise ProtocolError("the first frame must be 'hello' on channel 0")
+            raise RemoteProtocolError("the first frame must be 'hello' on channel 0")
         msg_type, obj = parse_object(payload)
         if msg_type != "hello":
-            raise ProtocolError(f"the first message must be 'hello', not {msg_type!r}")
+            raise RemoteProtocolError(f"the first message must be 'hello', not {msg_type!r}")
         protocol = obj.get("protocol")
         if not isinstance(protocol, int) or isinstance(protocol, bool):
-            raise ProtocolError("'hello' needs an integer member 'protocol'")
+            raise RemoteProtocolError("'hello' needs an integer member 'protocol'")
         if protocol != PROTOCOL_VERSION:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"protocol {protocol!r} is not supported; this server speaks {PROTOCOL_VERSION}",
                 ErrorCode.UNSUPPORTED_PROTOCOL,
             )
         try:
             hello = convert_message(msg_type, obj, CLIENT_MESSAGES)
         except RequestError as exc:
-            raise ProtocolError(exc.message) from exc
+            raise RemoteProtocolError(exc.message) from exc
         assert isinstance(hello, Hello)
         self.hello = hello
         return HelloReceived(hello)
@@ -189,13 +190,13 @@ class ServerConnection:
     def _known_channel(self, channel: int, what: str) -> ChannelState:
         state = self.channels.get(channel)
         if state is None:
-            raise ProtocolError(f"{what} for channel {channel}, which was never opened")
+            raise RemoteProtocolError(f"{what} for channel {channel}, which was never opened")
         return state
 
     def _control(self, channel: int, payload: bytes) -> ServerEvent | None:
         msg_type, obj = parse_object(payload)
         if msg_type == "hello":
-            raise ProtocolError("a second 'hello'")
+            raise RemoteProtocolError("a second 'hello'")
         if msg_type == "open":
             return self._open(channel, obj)
         state = self.channels.get(channel)
@@ -206,7 +207,7 @@ class ServerConnection:
                 ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {msg_type!r}"))
             return None
         if state is None:
-            raise ProtocolError(f"{msg_type!r} for channel {channel}, which was never opened")
+            raise RemoteProtocolError(f"{msg_type!r} for channel {channel}, which was never opened")
         try:
             message = convert_message(msg_type, obj, CLIENT_MESSAGES)
         except RequestError as exc:
@@ -219,7 +220,7 @@ class ServerConnection:
 
     def _open(self, channel: int, obj: dict[str, object]) -> OpenRequested | OpenRejected | None:
         if channel == 0:
-            raise ProtocolError("'open' on channel 0")
+            raise RemoteProtocolError("'open' on channel 0")
         if channel in self.channels:
             self._outbox.append(control_frame(FrameKind.CTRL_OUT, channel, error_message(
                 RequestError(ErrorCode.CHANNEL_IN_USE, f"channel {channel} was already used"))))
@@ -250,7 +251,7 @@ class ServerConnection:
         self.exited.add(channel)
         return control_frame(FrameKind.CTRL_OUT, channel, status)
 
-    def reject(self, channel: int, error: RequestError | ProtocolError) -> None:
+    def reject(self, channel: int, error: RequestError | RemoteProtocolError) -> None:
         """Queue an `error` for ``channel``; a channel still opening ends with it."""
         if self.channels.get(channel) is ChannelState.OPENING:
             self.channels[channel] = ChannelState.ENDED
@@ -316,7 +317,7 @@ class ClientConnection:
         events: list[ClientEvent] = []
         for frame in self._decoder.feed(data):
             if frame.kind not in SERVER_KINDS:
-                raise ProtocolError(f"frame kind {frame.kind.name} is not sent by servers")
+                raise RemoteProtocolError(f"frame kind {frame.kind.name} is not sent by servers")
             if frame.kind is not FrameKind.CTRL_OUT:
                 if frame.payload:
                     events.append(OutputReceived(frame.channel, frame.kind, frame.payload))
@@ -327,7 +328,7 @@ class ClientConnection:
             try:
                 message = convert_message(msg_type, obj, SERVER_MESSAGES)
             except RequestError as exc:
-                raise ProtocolError(exc.message) from exc
+                raise RemoteProtocolError(exc.message) from exc
             if isinstance(message, Welcome):
                 self._decoder.max_frame = max(self._decoder.max_frame, message.max_frame)
                 events.append(WelcomeReceived(message))

@@ -6,7 +6,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from .errors import ProtocolError
+from ..errors import RemoteProtocolError
 
 HEADER = struct.Struct(">BII")
 HEADER_SIZE = HEADER.size  # 9: kind u8, channel u32, length u32
@@ -62,7 +62,7 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[Frame]:
         """Add received bytes; return every frame now complete, in order.
 
-        Raises :class:`ProtocolError` for an unknown kind or an oversize frame.
+        Raises :class:`RemoteProtocolError` for an unknown kind or an oversize frame.
         """
         if self._offset:
             del self._buffer[: self._offset]
@@ -80,9 +80,9 @@ class FrameDecoder:
             while end - offset >= HEADER_SIZE:
                 kind, channel, length = HEADER.unpack_from(source, offset)
                 if kind > FrameKind.CTRL_OUT:
-                    raise ProtocolError(f"unknown frame kind {kind}")
+                    raise RemoteProtocolError(f"unknown frame kind {kind}")
                 if length > self.max_frame:
-                    raise ProtocolError(
+                    raise RemoteProtocolError(
                         f"frame of {length} bytes exceeds max_frame {self.max_frame}"
                     )
                 start = offset + HEADER_SIZE

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .errors import ErrorCode, ProtocolError, RequestError
+from ..errors import RemoteProtocolError, RequestError
+from .codes import ErrorCode
 
 PROTOCOL_VERSION = 1
 
@@ -122,12 +123,12 @@ def parse_object(payload: bytes) -> tuple[str, dict[str, Any]]:
     try:
         obj = _json_decoder.decode(payload)
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise ProtocolError(f"control payload is not valid UTF-8 JSON: {exc}") from exc
+        raise RemoteProtocolError(f"control payload is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(obj, dict):
-        raise ProtocolError("control payload is not a JSON object")
+        raise RemoteProtocolError("control payload is not a JSON object")
     kind = obj.get("type")
     if not isinstance(kind, str):
-        raise ProtocolError("control message has no string member 'type'")
+        raise RemoteProtocolError("control message has no string member 'type'")
     return kind, obj
 
 
