@@ -20,11 +20,11 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
-from ttyserve.handler import ServerSettings
 from ttyserve.listeners import SocketLease, open_listeners
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
 from ttyserve.server import Server
+from ttyserve.settings import ServerSettings
 from ttyserve.transport import Transport, open_transport, send_all
 
 SH = "/bin/sh"
@@ -43,8 +43,9 @@ async def running_server(
     shutdown_timeout: float = 10.0,
 ) -> AsyncIterator[tuple[Server, str]]:
     """A real server on a Unix socket in this process; shut down gracefully on exit."""
-    settings = ServerSettings(default_argv=command or [SH], linger=linger)
-    server = Server(settings, backend=backend, shutdown_timeout=shutdown_timeout)
+    settings = ServerSettings(default_argv=command or [SH], linger=linger,
+                              shutdown_timeout=shutdown_timeout)
+    server = Server(settings, backend=backend)
     leases: list[SocketLease] = []
     listeners = open_listeners([Address("unix", path=str(socket_path))], leases)
     try:

@@ -1,13 +1,22 @@
-"""Who may talk to the server: tokens on TCP and TLS, uids on Unix sockets, a brake on guessing."""
+"""Who may talk to the server, and as whom: tokens on TCP and TLS, uids on Unix sockets,
+and a brake on guessing. The handler reports the peer and its `hello`; this decides.
+"""
 
 from __future__ import annotations
 
 import collections
 import hmac
+import logging
+import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .errors import RequestError
+from .protocol.codes import ErrorCode
+
+log = logging.getLogger("ttyserve")
 
 FREE_FAILURES = 5  # failed hellos per peer within the window before answers slow down
 WINDOW = 60.0  # seconds a failure is remembered
@@ -44,6 +53,32 @@ def peer_of(sock: socket.socket, transport: str) -> Peer:
     return Peer(transport, host=host)
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may connect: the token TCP and TLS peers must send, the uids allowed on Unix
+    sockets besides the server's own."""
+
+    token: str | None = None
+    allowed_uids: frozenset[int] = field(default_factory=frozenset)
+
+
+def principal_of(peer: Peer) -> str:
+    """Whom a session belongs to: the uid on a Unix socket; on TCP and TLS every holder of
+    the server's token is one principal (protocol section 9)."""
+    return f"uid:{peer.uid}" if peer.transport == "unix" else "token"
+
+
+def refusal(access: Access, peer: Peer, token: str | None) -> str | None:
+    """Why this peer may not go on (for the log, never for the peer), or None."""
+    if peer.transport == "unix":
+        if peer.uid == os.getuid() or peer.uid in access.allowed_uids:
+            return None
+        return f"uid {peer.uid} is not allowed on this socket"
+    if access.token is None or token_matches(access.token, token):
+        return None
+    return "missing token" if token is None else "wrong token"
+
+
 def token_matches(expected: str, offered: str | None) -> bool:
     """Constant-time comparison: how long it takes says nothing about the token."""
     return hmac.compare_digest(expected.encode(), (offered or "").encode())
@@ -77,3 +112,28 @@ class AuthThrottle:
         self._failures.move_to_end(peer.key)
         while len(self._failures) > TRACKED_PEERS:
             self._failures.popitem(last=False)
+
+
+class Gate:
+    """The access rules and the throttle of one server: `delay`, then `admit`."""
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+        self.throttle = AuthThrottle()
+
+    def delay(self, peer: Peer) -> float:
+        """Seconds to hold this peer's `hello` before answering it."""
+        return self.throttle.delay(peer)
+
+    def admit(self, peer: Peer, token: str | None) -> str:
+        """The principal this peer acts as; RequestError(unauthorized) when it may not.
+
+        The reason goes to the log; the peer only learns that it was refused.
+        """
+        reason = refusal(self.access, peer, token)
+        if reason is not None:
+            self.throttle.failed(peer)
+            log.warning("%s: unauthorized: %s", peer, reason)
+            raise RequestError(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token, "
+                               "or a peer that is not allowed")
+        return principal_of(peer)

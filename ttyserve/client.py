@@ -6,7 +6,9 @@
             print(chunk.stream, chunk.data)
         print(session.status.code)
 
-`run()` is the one-call form, in the spirit of `subprocess.run`.
+`run()` is the one-call form, in the spirit of `subprocess.run`. Every rule of
+the protocol is checked by the sans-I/O core (`protocol/client.py`): a server
+that breaks one raises RemoteProtocolError in the sessions waiting on it.
 """
 
 from __future__ import annotations
@@ -24,20 +26,26 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import __version__
 from .addresses import Address, default_address, parse_address
-from .errors import RemoteProtocolError as ProtocolError
+from .credentials import tls_context
+from .errors import ConnectionLost, RemoteProtocolError, RequestError, SessionCancelled
 from .outbox import Outbox
-from .protocol.connection import (
+from .protocol.client import (
     ClientConnection,
+    ClientEvent,
     ErrorReceived,
     ExitReceived,
     OpenedReceived,
+    OpenRefused,
     OutputReceived,
+    StdinCreditGranted,
     WelcomeReceived,
 )
 from .protocol.frames import DEFAULT_MAX_FRAME, FrameKind
 from .protocol.messages import (
+    DEFAULT_COLS,
+    DEFAULT_ROWS,
+    DEFAULT_TERM,
     PROTOCOL_VERSION,
-    Cancel,
     Eof,
     Error,
     Exit,
@@ -49,27 +57,12 @@ from .protocol.messages import (
     SignalName,
     Welcome,
     Window,
+    request_error,
 )
 from .transport import Transport, open_transport, send_all
 
 READ_SIZE = 1 << 20
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
-
-
-class ServerError(Exception):
-    """The server refused a request; ``error`` is its `error` message."""
-
-    def __init__(self, error: Error) -> None:
-        super().__init__(f"{error.code}: {error.message}")
-        self.error = error
-
-    @property
-    def retriable(self) -> bool:
-        return bool(self.error.retriable)
-
-
-class ConnectionLost(Exception):
-    """The connection ended before the session's `exit` arrived."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +87,7 @@ class CompletedSession:
         return self.status.code
 
 
-_Item = OutputChunk | Exit | Error | ConnectionLost
+_Item = OutputChunk | Exit | Error | Exception
 
 
 class Session:
@@ -107,21 +100,45 @@ class Session:
         self.status: Exit | None = None
         self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
         self._opened = anyio.Event()
-        self._open_error: BaseException | None = None
+        self._open_error: Exception | None = None
         self._send: MemoryObjectSendStream[_Item]
         self._receive: MemoryObjectReceiveStream[_Item]
         self._send, self._receive = anyio.create_memory_object_stream[_Item](SESSION_QUEUE)
-        self._done = False
+        self._cancelled = False
         self._consumed = 0  # output taken since the last credit grant (with a window)
+        self._credit: anyio.Event | None = None  # made only when stdin has to wait
 
     # --- input --------------------------------------------------------------
 
     async def send(self, data: bytes) -> None:
-        """Write to the process's stdin (or type into its terminal), in frames the server takes."""
+        """Write to the process's stdin (or type into its terminal).
+
+        Split into frames the server takes; on a windowed connection this waits
+        for STDIN credit, as the server grants it while the process reads.
+        """
         connection = self._connection
-        step = connection.max_frame
-        for start in range(0, len(data), step):
-            await connection._write(connection._core.stdin(self.channel, data[start:start + step]))
+        core = connection._core
+        view = memoryview(data)
+        while view:
+            credit = core.stdin_credit(self.channel)
+            if credit == 0:
+                if self.channel not in core.channels.live:
+                    return  # the session ended: what is left has nowhere to go
+                await self._wait_credit()
+                continue
+            size = connection.max_frame if credit is None else min(credit, connection.max_frame)
+            await connection._write(core.stdin(self.channel, bytes(view[:size])))
+            view = view[size:]
+
+    async def _wait_credit(self) -> None:
+        credit = self._credit = self._credit or anyio.Event()
+        await credit.wait()
+        self._connection._raise_failure()
+
+    def _credit_granted(self) -> None:
+        if self._credit is not None:
+            self._credit.set()
+            self._credit = None
 
     async def eof(self) -> None:
         """End of input: pipe stdin closed, or the terminal's EOF character."""
@@ -136,14 +153,21 @@ class Session:
 
     async def cancel(self) -> None:
         """End the session now: the server kills the process group; no `exit` follows."""
-        if not self._done:
-            self._done = True
-            await self._control(Cancel())
-            self._connection._sessions.pop(self.channel, None)
+        if self.status is None and not self._cancelled:
+            self._cancelled = True
+            connection = self._connection
+            connection._sessions.pop(self.channel, None)
             self._send.close()
+            self._credit_granted()
+            frame = connection._core.cancel(self.channel)
+            if frame:
+                await connection._write(frame)
 
     async def _control(self, message: Message) -> None:
-        await self._connection._write(self._connection._core.control(self.channel, message))
+        core = self._connection._core
+        if self.channel not in core.channels.live:
+            return  # ended: there is no one to tell
+        await self._connection._write(core.control(self.channel, message))
 
     # --- output -------------------------------------------------------------
 
@@ -159,7 +183,8 @@ class Session:
     async def receive(self) -> OutputChunk | None:
         """The next output chunk, or None once the `exit` arrived (see `status`).
 
-        Raises ConnectionLost if the connection ended first.
+        Raises ConnectionLost if the connection ended first, RemoteProtocolError
+        if the server broke the protocol, SessionCancelled after `cancel`.
         """
         while True:
             if self.status is not None:
@@ -167,30 +192,27 @@ class Session:
             try:
                 item = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise ConnectionLost("the session was cancelled") from None
+                raise SessionCancelled("the session was cancelled") from None
             if isinstance(item, OutputChunk):
                 await self._grant(len(item.data))
                 return item
             if isinstance(item, Exit):
                 self.status = item
-                self._done = True
                 return None
-            if isinstance(item, ConnectionLost):
+            if isinstance(item, Exception):
                 raise item
             self.errors.append(item)
 
     async def _grant(self, size: int) -> None:
         """Give back output credit once half the window was taken (protocol section 7)."""
         window = self._connection.window
-        if window is None or self._done:
+        if window is None:
             return
         self._consumed += size
         if self._consumed >= window // 2:
             grant, self._consumed = self._consumed, 0
-            try:
+            with contextlib.suppress(ConnectionLost, RemoteProtocolError):
                 await self._control(Window(bytes=grant))
-            except ConnectionLost:
-                pass
 
     async def wait(self) -> Exit:
         """Discard remaining output and return the exit status."""
@@ -224,43 +246,57 @@ class Connection:
         self._core = ClientConnection()
         self.multiplex = multiplex
         self.window = window
-        self.welcome: Welcome | None = None
-        self.max_frame = DEFAULT_MAX_FRAME  # until `welcome` says what the server takes
         self._sessions: dict[int, Session] = {}
         self._channels = itertools.count(1)
-        self._failure: BaseException | None = None
+        self._failure: Exception | None = None
+
+    @property
+    def welcome(self) -> Welcome | None:
+        return self._core.welcome
+
+    @property
+    def max_frame(self) -> int:
+        """The largest payload the server takes (what `welcome` said; 1 MiB until then)."""
+        welcome = self._core.welcome
+        return welcome.max_frame if welcome is not None else DEFAULT_MAX_FRAME
 
     async def spawn(
         self,
         argv: Sequence[str] | None = None,
         *,
         pty: bool = True,
-        rows: int = 24,
-        cols: int = 80,
-        term: str = "xterm-256color",
+        rows: int = DEFAULT_ROWS,
+        cols: int = DEFAULT_COLS,
+        term: str = DEFAULT_TERM,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> Session:
-        """Open a session and wait for `opened`. Raises ServerError if refused."""
+        """Open a session and wait for `opened`. Raises RequestError if refused."""
+        self._raise_failure()
         channel = next(self._channels)
-        session = Session(self, channel)
-        self._sessions[channel] = session
         request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
                        env=dict(env or {}), cwd=cwd)
-        await self._write(self._core.control(channel, request))
+        frame = self._core.open(channel, request)
+        session = Session(self, channel)
+        self._sessions[channel] = session
+        await self._write(frame)
         await session._opened.wait()
         if session._open_error is not None:
             self._sessions.pop(channel, None)
             raise session._open_error
         return session
 
-    async def _write(self, data: bytes) -> None:
+    def _raise_failure(self) -> None:
         if self._failure is not None:
-            raise ConnectionLost(str(self._failure))
+            raise self._failure
+
+    async def _write(self, data: bytes) -> None:
+        self._raise_failure()
         try:
-            await self._outbox.send(0, data)
+            self._outbox.push([data])
         except anyio.BrokenResourceError:
             raise ConnectionLost("the connection is closed") from None
+        await self._outbox.wait_for_room()
 
     def _send_failed(self) -> None:
         self._fail(ConnectionLost("send failed: the connection broke"))
@@ -277,19 +313,26 @@ class Connection:
             self._fail(ConnectionLost("the server closed the connection"))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._fail(ConnectionLost(f"connection lost: {exc}"))
-        except ProtocolError as exc:
-            self._fail(ConnectionLost(f"protocol error from the server: {exc}"))
+        except RemoteProtocolError as exc:
+            self._fail(exc)
         finally:
+            failure = self._failure or ConnectionLost("the connection was closed here")
             for session in list(self._sessions.values()):
-                await session._deliver(ConnectionLost(str(self._failure)))
+                session._credit_granted()
+                with anyio.CancelScope(shield=True):
+                    await session._deliver(failure)
 
-    async def _dispatch(self, event: object) -> None:
+    async def _dispatch(self, event: ClientEvent) -> None:
         if isinstance(event, OutputReceived):
             session = self._sessions.get(event.channel)
             if session is not None:
                 stream: Literal["stdout", "stderr"] = (
                     "stderr" if event.kind is FrameKind.STDERR else "stdout")
                 await session._deliver(OutputChunk(stream, event.data))
+        elif isinstance(event, StdinCreditGranted):
+            session = self._sessions.get(event.channel)
+            if session is not None:
+                session._credit_granted()
         elif isinstance(event, OpenedReceived):
             session = self._sessions.get(event.channel)
             if session is not None:
@@ -298,41 +341,38 @@ class Connection:
         elif isinstance(event, ExitReceived):
             session = self._sessions.pop(event.channel, None)
             if session is not None:
+                session._credit_granted()
                 await session._deliver(event.exit)
+        elif isinstance(event, OpenRefused):
+            session = self._sessions.pop(event.channel, None)
+            if session is not None:
+                session._open_error = request_error(event.error)
+                session._opened.set()
         elif isinstance(event, ErrorReceived):
-            self._on_error(event.channel, event.error)
+            if event.channel == 0:
+                self._fail(request_error(event.error))
+            elif (session := self._sessions.get(event.channel)) is not None:
+                await session._deliver(event.error)
         elif isinstance(event, WelcomeReceived):
-            self.welcome = event.welcome
-            self.max_frame = event.welcome.max_frame
+            for session in self._sessions.values():
+                session._credit_granted()  # the STDIN window is known now
 
-    def _on_error(self, channel: int, error: Error) -> None:
-        if channel == 0:
-            self._fail(ServerError(error))
-            return
-        session = self._sessions.get(channel)
-        if session is None:
-            return
-        if not session._opened.is_set():
-            session._open_error = ServerError(error)
-            session._opened.set()
-            self._sessions.pop(channel, None)
-        else:
-            session.errors.append(error)
-
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: Exception) -> None:
         if self._failure is None:
             self._failure = exc
         for session in self._sessions.values():
+            session._credit_granted()
             if not session._opened.is_set():
                 session._open_error = self._failure
                 session._opened.set()
 
 
 def client_tls_context(cafile: str | None = None) -> ssl.SSLContext:
-    """Verify the server's certificate and name: the system's CAs, or ``cafile``'s."""
-    context = ssl.create_default_context(cafile=cafile)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    return context
+    """Verify the server's certificate and name: the system's CAs, or ``cafile``'s.
+
+    Raises ConfigError naming ``cafile`` when it cannot be used.
+    """
+    return tls_context("client", cafile=cafile)
 
 
 @contextlib.asynccontextmanager
@@ -348,8 +388,9 @@ async def connect(
     """Connect and say `hello`; `open` may follow at once (pipelined).
 
     With ``multiplex`` many sessions share the connection; a ``window`` (bytes)
-    then bounds what each may have in flight, so one slow reader stalls only
-    its own session. Credit is given back as the output is read.
+    then bounds what each may have in flight in both directions, so one slow
+    reader, or one process that does not read its input, stalls only its own
+    session. Credit is given back as the output is read.
 
     ``tls`` verifies a `tls:` server (default: the system's CAs). Raises OSError
     (ssl.SSLError for a server that cannot be verified) when the server cannot
@@ -408,16 +449,29 @@ async def run(
             except ConnectionLost:
                 pass  # the process may end (and the server close) before it reads its input
 
-        lost: ConnectionLost | None = None
+        lost: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(feed)
             try:
                 async for chunk in session:
                     (stderr if chunk.stream == "stderr" else stdout).append(chunk.data)
-            except ConnectionLost as exc:  # raised below, not wrapped in an exception group
+            except (ConnectionLost, RemoteProtocolError) as exc:  # raised below, unwrapped
                 lost = exc
                 tg.cancel_scope.cancel()
         if lost is not None:
             raise lost
         assert session.status is not None
         return CompletedSession(list(argv), session.status, b"".join(stdout), b"".join(stderr))
+
+
+__all__ = [
+    "CompletedSession",
+    "Connection",
+    "ConnectionLost",
+    "OutputChunk",
+    "RequestError",
+    "Session",
+    "SessionCancelled",
+    "connect",
+    "run",
+]

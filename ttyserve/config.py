@@ -19,8 +19,15 @@ import msgspec
 
 from .errors import ConfigError, UsageError
 from .protocol.frames import DEFAULT_MAX_FRAME
-from .server import DEFAULT_SHUTDOWN_TIMEOUT
-from .session import DEFAULT_LINGER
+from .settings import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_LINGER,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_STDIN_WINDOW,
+)
 
 ENV_PREFIX = "TTYSERVE_"
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -39,11 +46,12 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     command: str | None = None
     allow_command: list[str] = []
     allow_env: list[str] = []
-    max_connections: Positive = 256
-    max_sessions: Positive = 1024
-    max_sessions_per_connection: Positive = 64
-    handshake_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    max_connections: Positive = DEFAULT_MAX_CONNECTIONS
+    max_sessions: Positive = DEFAULT_MAX_SESSIONS
+    max_sessions_per_connection: Positive = DEFAULT_MAX_SESSIONS_PER_CONNECTION
+    handshake_timeout: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_HANDSHAKE_TIMEOUT
     max_frame: Annotated[int, msgspec.Meta(ge=4096, le=16 << 20)] = DEFAULT_MAX_FRAME
+    stdin_window: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)] = DEFAULT_STDIN_WINDOW
     max_argv_bytes: Positive = 256 * 1024
     max_env_bytes: Positive = 256 * 1024
     max_cwd_bytes: Positive = 4096
@@ -69,7 +77,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("listen", "unix:PATH, tcp:HOST:PORT or tls:HOST:PORT (repeatable)", "ADDR"),
-    Option("token_file", "file holding the token TCP and TLS clients must send "
+    Option("token_file", "file (mode 600) holding the token TCP and TLS clients must send "
            "(or the token itself in TTYSERVE_TOKEN)", "FILE"),
     Option("tls_cert", "certificate chain (PEM) for tls: listeners", "FILE"),
     Option("tls_key", "private key (PEM) for tls: listeners", "FILE"),
@@ -86,6 +94,8 @@ OPTIONS: tuple[Option, ...] = (
            "N"),
     Option("handshake_timeout", "seconds a client has for hello and open (default 10)", "S"),
     Option("max_frame", "largest frame payload accepted, bytes (default 1 MiB)", "BYTES"),
+    Option("stdin_window", "STDIN credit per session on windowed connections, bytes "
+           "(default 1 MiB)", "BYTES"),
     Option("max_argv_bytes", "largest argv of an open, bytes (default 256 KiB)", "BYTES"),
     Option("max_env_bytes", "largest env of an open, bytes (default 256 KiB)", "BYTES"),
     Option("max_cwd_bytes", "longest cwd of an open, bytes (default 4096)", "BYTES"),
@@ -152,18 +162,22 @@ def _from_file(path: str) -> dict[str, object]:
     return data
 
 
-def _validate(values: dict[str, object], source: str, error: type[ConfigError]) -> None:
-    try:
-        msgspec.convert(values, ServeConfig, strict=source == "file")
-    except msgspec.ValidationError as exc:
-        key = str(exc).rsplit("$.", 1)[-1].split("[")[0].rstrip("`")
-        raise error(f"{source}: {_name(key, source)}: {exc}") from exc
+def _validate(values: dict[str, object], source: str,
+              error: type[ConfigError]) -> dict[str, object]:
+    """``values`` converted to their options' types, one key at a time so a failure names it."""
+    types = _field_types()
+    converted: dict[str, object] = {}
+    for key, value in values.items():
+        try:
+            converted[key] = msgspec.convert(value, types[key], strict=source == "file")
+        except msgspec.ValidationError as exc:
+            raise error(f"{source}: {_name(key, source)}: {exc}") from exc
+    return converted
 
 
 def _name(key: str, source: str) -> str:
-    option = next((o for o in OPTIONS if o.key == key), None)
-    if option is None:
-        return key
+    """How ``source`` spells ``key``: `--max-sessions`, `TTYSERVE_MAX_SESSIONS` or the key."""
+    option = next(o for o in OPTIONS if o.key == key)
     return {"flag": option.flag, "environment": option.env}.get(source, key)
 
 
@@ -173,32 +187,12 @@ def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
     flags = {o.key: getattr(args, o.key) for o in OPTIONS if hasattr(args, o.key)}
     config_path = args.config or environ.get(ENV_PREFIX + "CONFIG")
     file_values = _from_file(config_path) if config_path else {}
-    env_values = _from_environment(environ)
-    _validate(file_values, "file", ConfigError)
-    _validate(env_values, "environment", ConfigError)
-    _validate(flags, "flag", UsageError)
-    merged = {**file_values, **env_values, **flags}
-    return msgspec.convert(merged, ServeConfig, strict=False)
-
-
-def read_token(config: ServeConfig, environ: Mapping[str, str] | None = None) -> str | None:
-    """The token from `token_file` (which must not be readable by others) or TTYSERVE_TOKEN."""
-    environ = os.environ if environ is None else environ
-    if config.token_file is None:
-        token = environ.get(ENV_PREFIX + "TOKEN")
-        return token or None
-    try:
-        st = os.stat(config.token_file)
-        with open(config.token_file, encoding="utf-8") as file:
-            token = file.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"token file {config.token_file}: {exc}") from exc
-    if st.st_mode & 0o077:
-        raise ConfigError(f"token file {config.token_file}: readable by others "
-                          f"(mode {st.st_mode & 0o777:o}); chmod 600 it")
-    if not token:
-        raise ConfigError(f"token file {config.token_file} is empty")
-    return token
+    merged = {
+        **_validate(file_values, "file", ConfigError),
+        **_validate(_from_environment(environ), "environment", ConfigError),
+        **_validate(flags, "flag", UsageError),
+    }
+    return msgspec.convert(merged, ServeConfig)
 
 
 def option_keys() -> Sequence[str]:

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable
@@ -24,10 +25,12 @@ import anyio.abc
 
 from . import terminal
 from .addresses import Address
-from .client import ConnectionLost, ServerError, Session, client_tls_context, connect
+from .client import Session, connect
+from .credentials import tls_context
+from .errors import ConfigError, ConnectionLost, RemoteProtocolError, RequestError
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .protocol.codes import ErrorCode
-from .protocol.messages import Error, Exit, SignalName
+from .protocol.messages import Error, Exit, SignalName, error_message
 
 READ_SIZE = 64 * 1024
 BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
@@ -52,17 +55,6 @@ class ExecOptions:
     json: bool = False
     token: str | None = None
     tls_ca: str | None = None
-
-
-def read_client_token(path: str | None) -> str | None:
-    """The token from ``path``, else from TTYSERVE_TOKEN, else None."""
-    if path is None:
-        return os.environ.get("TTYSERVE_TOKEN") or None
-    with open(path, encoding="utf-8") as file:
-        token = file.read().strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 class ExecFailure(Exception):
@@ -119,8 +111,8 @@ def _exit_members(status: Exit) -> dict[str, object]:
 
 def _retriable(exc: BaseException) -> tuple[bool, float | None]:
     """Whether a failure before `opened` may be retried, and the server's hint in seconds."""
-    if isinstance(exc, ServerError):
-        hint = exc.error.retry_after_ms
+    if isinstance(exc, RequestError):
+        hint = exc.retry_after_ms
         return exc.retriable, hint / 1000 if hint is not None else None
     if isinstance(exc, OSError):
         return exc.errno in _RETRIABLE_ERRNOS or isinstance(exc, TimeoutError), None
@@ -131,18 +123,22 @@ def _retriable(exc: BaseException) -> tuple[bool, float | None]:
 async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
     """Connect and open, retrying only what is retriable and only before `opened`."""
+    tls: ssl.SSLContext | None = None
+    if options.address.scheme == "tls":
+        try:
+            tls = tls_context("client", cafile=options.tls_ca)
+        except ConfigError as exc:  # a bad CA file: no retry can help
+            raise ExecFailure(ExecExit.FAILURE, str(exc)) from exc
     for attempt in range(options.retries + 1):
         async with contextlib.AsyncExitStack() as stack:
             try:
-                tls = (client_tls_context(options.tls_ca)
-                       if options.address.scheme == "tls" else None)
                 conn = await stack.enter_async_context(
                     connect(options.address, token=options.token, tls=tls))
                 session = await conn.spawn(
                     options.argv, pty=pty, rows=size[0], cols=size[1],
                     term=os.environ.get("TERM", "xterm-256color") if pty else "xterm-256color",
                     env=options.env, cwd=options.cwd)
-            except (OSError, ServerError, ConnectionLost) as exc:
+            except (OSError, RequestError, ConnectionLost) as exc:
                 retriable, hint = _retriable(exc)
                 if not retriable or attempt == options.retries:
                     raise _failure(exc, options, retriable) from exc
@@ -172,8 +168,8 @@ async def _sleep_unless_signalled(delay: float, signals: AsyncIterator[int]) -> 
 
 
 def _describe(exc: BaseException, options: ExecOptions) -> str:
-    if isinstance(exc, ServerError):
-        return f"the server refused: {exc.error.code}: {exc.error.message}"
+    if isinstance(exc, RequestError):
+        return f"the server refused: {exc.code}: {exc.message}"
     if isinstance(exc, OSError):
         return f"cannot connect to {options.address}: {exc.strerror or exc}"
     return str(exc)
@@ -181,11 +177,11 @@ def _describe(exc: BaseException, options: ExecOptions) -> str:
 
 def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
     message = f"{_describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
-    if isinstance(exc, ServerError):
+    if isinstance(exc, RequestError):
         code: int = ExecExit.FAILURE
-        if exc.error.code == ErrorCode.SPAWN_FAILED:
-            code = exec_spawn_failure_code(exc.error.errno)
-        return ExecFailure(code, message, exc.error)
+        if exc.code == ErrorCode.SPAWN_FAILED:
+            code = exec_spawn_failure_code(exc.errno)
+        return ExecFailure(code, message, error_message(exc))
     return ExecFailure(ExecExit.FAILURE, message)
 
 
@@ -193,7 +189,7 @@ async def _quietly(work: Awaitable[None]) -> None:
     """Run a helper pump; a lost connection is reported by the output loop, not here."""
     try:
         await work
-    except ConnectionLost:
+    except (ConnectionLost, RemoteProtocolError):
         pass
 
 
@@ -241,7 +237,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 interrupted = interrupted or signum == signal.SIGINT
                 await session.signal(FORWARDED[signal.Signals(signum)])
 
-    lost: ConnectionLost | None = None
+    lost: ConnectionLost | RemoteProtocolError | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
         tg.start_soon(_quietly, _pump_stdin(session, pty))
@@ -252,7 +248,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 except BrokenPipeError:
                     abort = ExecFailure(128 + signal.SIGPIPE, "local output closed")
                     break
-        except ConnectionLost as exc:
+        except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc
         tg.cancel_scope.cancel()
     if lost is not None:
@@ -282,7 +278,7 @@ async def _exec(options: ExecOptions) -> int:
                 members = _error_members(exc.error) if exc.error else {"message": str(exc)}
                 out.event("error", **members)
             return exc.code
-        except ConnectionLost as exc:
+        except (ConnectionLost, RemoteProtocolError) as exc:
             _say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
             return ExecExit.FAILURE
     raise AssertionError("unreachable")

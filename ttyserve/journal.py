@@ -9,14 +9,13 @@ a reused pid is never signalled). A torn last line is skipped with a warning.
 from __future__ import annotations
 
 import datetime
+import enum
 import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import msgspec
@@ -26,11 +25,8 @@ from .lease import acquire
 
 log = logging.getLogger("ttyserve")
 
-START = "session.start"
-END = "session.end"
 
-
-class Reason:
+class Reason(enum.StrEnum):
     """The `reason` of a `session.end` record (contracts.md)."""
 
     EXIT = "exit"
@@ -38,15 +34,49 @@ class Reason:
     SPAWN_FAILED = "spawn_failed"
     SHUTDOWN = "shutdown"
     CRASH_INFERRED = "crash-inferred"
+    ABANDONED = "abandoned"  # a detached session nobody reattached in time
+
+
+class Record(msgspec.Struct, tag_field="event", omit_defaults=True, kw_only=True):
+    """One line of the journal; `event` is the tag. Members we do not know are ignored.
+
+    Subclasses repeat ``kw_only=True``: without it msgspec writes their members
+    before `id` and `at`, and the contract's order is `event`, `id`, `at`, ...
+    """
+
+    id: str
+    at: str  # RFC 3339, UTC, milliseconds
+
+
+class SessionStart(Record, tag="session.start", kw_only=True):
+    """A session began (or its spawn failed: `pid` is then null)."""
+
+    peer: str
+    argv: list[str]
+    pty: bool
+    pid: int | None  # null when the spawn failed: always written
+    start_time: int | None = None  # the process's start, clock ticks since boot
+
+
+class SessionEnd(Record, tag="session.end", kw_only=True):
+    """How a session ended: exactly one per start."""
+
+    reason: str  # a Reason; read as text, so an end a newer server wrote still pairs up
+    code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    errno: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+
+
+_decoder = msgspec.json.Decoder(SessionStart | SessionEnd)
+_encoder = msgspec.json.Encoder()
 
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace(
         "+00:00", "Z")
-
-
-def new_session_id() -> str:
-    return uuid.uuid4().hex
 
 
 def process_start_time(pid: int) -> int | None:
@@ -61,25 +91,21 @@ def process_start_time(pid: int) -> int | None:
 
 @dataclass
 class ParsedJournal:
-    records: list[dict[str, Any]]
+    records: list[SessionStart | SessionEnd]
     torn: int  # lines that did not parse (a crash mid-write leaves at most one)
     ends_with_newline: bool
 
 
 def parse(data: bytes) -> ParsedJournal:
-    records: list[dict[str, Any]] = []
+    """The records of a journal; a torn or unreadable line is counted and skipped."""
+    records: list[SessionStart | SessionEnd] = []
     torn = 0
     for line in data.split(b"\n"):
         if not line.strip():
             continue
         try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            torn += 1
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
+            records.append(_decoder.decode(line))
+        except msgspec.DecodeError:  # ValidationError included
             torn += 1
     return ParsedJournal(records, torn, not data or data.endswith(b"\n"))
 
@@ -89,18 +115,19 @@ def read_file(path: str) -> ParsedJournal:
         return parse(file.read())
 
 
-def open_sessions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def open_sessions(records: list[SessionStart | SessionEnd]) -> list[SessionStart]:
     """`session.start` records that have no `session.end`, in order."""
-    ended = {r.get("id") for r in records if r.get("event") == END}
-    return [r for r in records if r.get("event") == START and r.get("id") not in ended]
+    ended = {r.id for r in records if isinstance(r, SessionEnd)}
+    return [r for r in records if isinstance(r, SessionStart) and r.id not in ended]
 
 
-def pair_sessions(records: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any],
-                                                                  dict[str, Any] | None]]:
-    ends = {r.get("id"): r for r in records if r.get("event") == END}
+def pair_sessions(records: list[SessionStart | SessionEnd],
+                  ) -> Iterator[tuple[SessionStart, SessionEnd | None]]:
+    """Every start with its end (None while it runs), in the order the sessions started."""
+    ends = {r.id: r for r in records if isinstance(r, SessionEnd)}
     for record in records:
-        if record.get("event") == START:
-            yield record, ends.get(record.get("id"))
+        if isinstance(record, SessionStart):
+            yield record, ends.get(record.id)
 
 
 class Journal:
@@ -124,11 +151,11 @@ class Journal:
             offset += len(chunk)
         return b"".join(chunks)
 
-    def _append_now(self, record: dict[str, Any]) -> None:
-        os.write(self.fd, msgspec.json.encode(record) + b"\n")
+    def _append_now(self, record: Record) -> None:
+        os.write(self.fd, _encoder.encode(record) + b"\n")
         os.fsync(self.fd)
 
-    def recover(self, grace: float = 1.0) -> list[dict[str, Any]]:
+    def recover(self, grace: float = 1.0) -> list[SessionEnd]:
         """Close what a crashed server left open; return the `crash-inferred` ends written."""
         parsed = parse(self._read_all())
         if parsed.torn:
@@ -139,11 +166,10 @@ class Journal:
         ends = []
         survivors = []
         for start in open_sessions(parsed.records):
-            pid = start.get("pid")
-            if isinstance(pid, int) and pid > 0 and _still_ours(pid, start.get("start_time")):
-                survivors.append(pid)
-            end = {"event": END, "id": start.get("id"), "at": now_rfc3339(),
-                   "reason": Reason.CRASH_INFERRED}
+            if start.pid is not None and start.pid > 0 and _still_ours(start.pid,
+                                                                       start.start_time):
+                survivors.append(start.pid)
+            end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED)
             self._append_now(end)
             ends.append(end)
         if ends:
@@ -152,7 +178,7 @@ class Journal:
         _hang_up_survivors(survivors, grace)
         return ends
 
-    async def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: Record) -> None:
         """Write one record and fsync it, off the event loop, in order."""
         async with self._lock:
             with anyio.CancelScope(shield=True):
@@ -160,22 +186,24 @@ class Journal:
 
     async def start(self, session_id: str, peer: str, argv: list[str], pty: bool,
                     pid: int | None) -> None:
-        record: dict[str, Any] = {"event": START, "id": session_id, "at": now_rfc3339(),
-                                  "peer": peer, "argv": argv, "pty": pty, "pid": pid}
-        if pid is not None:
-            record["start_time"] = process_start_time(pid)
-        await self.append(record)
+        start_time = process_start_time(pid) if pid is not None else None
+        await self.append(SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv,
+                                       pty=pty, pid=pid, start_time=start_time))
 
-    async def end(self, session_id: str, reason: str, **members: object) -> None:
-        await self.append({"event": END, "id": session_id, "at": now_rfc3339(),
-                           "reason": reason, **{k: v for k, v in members.items()
-                                                if v is not None}})
+    async def end(self, session_id: str, reason: Reason, *, code: int | None = None,
+                  signal: str | None = None, error: str | None = None,
+                  errno: int | None = None, bytes_in: int | None = None,
+                  bytes_out: int | None = None) -> None:
+        """Write the one `session.end` of ``session_id``; members left None are omitted."""
+        await self.append(SessionEnd(id=session_id, at=now_rfc3339(), reason=reason, code=code,
+                                     signal=signal, error=error, errno=errno,
+                                     bytes_in=bytes_in, bytes_out=bytes_out))
 
     def close(self) -> None:
         os.close(self.fd)
 
 
-def _still_ours(pid: int, recorded_start: object) -> bool:
+def _still_ours(pid: int, recorded_start: int | None) -> bool:
     """Whether process group ``pid`` can only be what the crashed session left.
 
     A live leader must have the recorded start time (else the pid was reused).

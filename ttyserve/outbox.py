@@ -1,19 +1,18 @@
-"""The one writer of a connection: frames go out whole, in order, with bounded memory.
+"""The one writer of a connection: bytes go out in the order the core framed them.
 
-A frame is first tried straight on the socket by the task that made it (no
-hop through another task when nothing is queued: the keystroke-echo path).
-What does not fit is queued, and a writer task, started only then and ending
-when the queue is empty, sends it as the socket drains. Producers wait while
-more than `limit` bytes are queued, which is how a client that stops reading
-stops the process's output instead of growing our memory. A frame begun on
-the wire is always finished.
+What the protocol core hands out (`data_to_send()`) is first tried straight on
+the socket by the task that made it (no hop through another task when nothing
+is queued: the keystroke-echo path). What does not fit is queued, and a
+writer task, started only then and ending when the queue is empty, sends it as
+the socket drains. Producers that can wait (`wait_for_room`) wait while more
+than `limit` bytes are queued: that is how a client that stops reading stops
+the process's output instead of growing our memory.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
@@ -24,16 +23,8 @@ DEFAULT_LIMIT = 1 << 20  # bytes queued per connection before producers wait
 BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
 
 
-@dataclass
-class _Item:
-    channel: int
-    buffers: list[Buffer]
-    size: int
-    started: bool
-
-
 class Outbox:
-    """Serialises frames onto a transport; `run` is the writer task."""
+    """Serialises buffers onto a transport, in order, with bounded memory."""
 
     def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
                  limit: int = DEFAULT_LIMIT) -> None:
@@ -42,64 +33,52 @@ class Outbox:
         self._on_broken = on_broken
         self._task_group: anyio.abc.TaskGroup | None = None
         self._writing = False
-        self.dropped: set[int] = set()  # channels whose queued, unstarted frames are dropped
-        self._forget_later: set[int] = set()
         self.broken = False
-        self._items: collections.deque[_Item] = collections.deque()
+        self._buffers: collections.deque[Buffer] = collections.deque()
         self._queued = 0
         self._closing = False
-        self._space: anyio.Event | None = None  # made only when a producer has to wait
+        self._room: anyio.Event | None = None  # made only when a producer has to wait
         self.done = anyio.Event()  # set once closed and flushed, or broken
 
     def attach(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Where the writer task runs when one is needed; call before the first `send`."""
+        """Where the writer task runs when one is needed; call before the first `push`."""
         self._task_group = task_group
 
-    async def send(self, channel: int, *parts: Buffer) -> None:
-        """Queue one frame (its parts in order); waits while the queue is over its limit.
+    def push(self, buffers: Sequence[Buffer]) -> None:
+        """Send ``buffers`` in order: now if the socket takes them, else queued. Never waits.
 
         Raises anyio.BrokenResourceError once the connection is broken or closed.
         """
         if self.broken or self._closing:
             raise anyio.BrokenResourceError("the connection is closed")
-        if channel in self.dropped:
-            return  # the client cancelled the channel: nothing more goes out on it
-        size = sum(len(p) for p in parts)
-        if not self._items:
+        if not buffers:
+            return
+        if not self._buffers:
             try:
-                sent = self.transport.try_send(parts)
+                sent = self.transport.try_send(buffers)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._break()
                 raise anyio.BrokenResourceError("the connection is broken") from None
-            if sent == size:
+            rest = _skip(buffers, sent)
+            if not rest:
                 return
-            item = _Item(channel, list(parts), size, started=sent > 0)
-            self._consume(item, sent)
         else:
-            item = _Item(channel, list(parts), size, started=False)
-        self._items.append(item)
-        self._queued += item.size
+            rest = list(buffers)
+        self._buffers.extend(rest)
+        self._queued += sum(len(b) for b in rest)
         if not self._writing:
             assert self._task_group is not None, "Outbox.attach() was not called"
             self._writing = True
             self._task_group.start_soon(self._drain)
+
+    async def wait_for_room(self) -> None:
+        """Wait while more than `limit` bytes are queued (returns at once when broken)."""
         while self._queued > self.limit and not self.broken:
-            space = self._space = self._space or anyio.Event()
-            await space.wait()
-
-    def forget(self, channel: int) -> None:
-        """The channel's session is gone: drop its unstarted frames and stop tracking it.
-
-        While the writer task is sending, the queue is left alone (its batch refers
-        to it); the writer forgets the channel once the queue is empty.
-        """
-        if self._writing:
-            self._forget_later.add(channel)
-        else:  # nothing is queued when no writer runs
-            self.dropped.discard(channel)
+            room = self._room = self._room or anyio.Event()
+            await room.wait()
 
     def close(self) -> None:
-        """No more frames: what is queued is still sent, then `done` is set."""
+        """No more pushes: what is queued is still sent, then `done` is set."""
         self._closing = True
         if not self._writing:
             self.done.set()
@@ -108,7 +87,7 @@ class Outbox:
         if self.broken:
             return
         self.broken = True
-        self._items.clear()
+        self._buffers.clear()
         self._queued = 0
         self._wake_producers()
         self.done.set()
@@ -116,48 +95,24 @@ class Outbox:
             self._on_broken()
 
     def _wake_producers(self) -> None:
-        if self._space is not None:
-            self._space.set()
-            self._space = None
-
-    @staticmethod
-    def _consume(item: _Item, sent: int) -> None:
-        """Drop ``sent`` bytes from the front of ``item``."""
-        item.size -= sent
-        while sent:
-            first = item.buffers[0]
-            if sent >= len(first):
-                sent -= len(first)
-                item.buffers.pop(0)
-            else:
-                item.buffers[0] = memoryview(first)[sent:]
-                sent = 0
+        if self._room is not None:
+            self._room.set()
+            self._room = None
 
     def _batch(self) -> list[Buffer]:
-        buffers: list[Buffer] = []
+        batch: list[Buffer] = []
         size = 0
-        for item in self._items:
-            if size >= BATCH_BYTES or len(buffers) + len(item.buffers) > MAX_IOVECS:
+        for buffer in self._buffers:
+            if size >= BATCH_BYTES or len(batch) >= MAX_IOVECS:
                 break
-            buffers.extend(item.buffers)
-            size += item.size
-        return buffers
-
-    def _drop_cancelled(self) -> None:
-        if not self.dropped:
-            return
-        kept = collections.deque(i for i in self._items
-                                 if i.started or i.channel not in self.dropped)
-        self._queued = sum(i.size for i in kept)
-        self._items = kept
+            batch.append(buffer)
+            size += len(buffer)
+        return batch
 
     async def _drain(self) -> None:
         """The writer task: send the queue as the socket takes it, until it is empty."""
         try:
-            while self._items and not self.broken:
-                self._drop_cancelled()
-                if not self._items:
-                    break
+            while self._buffers and not self.broken:
                 try:
                     sent = await self.transport.send_some(self._batch())
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -165,21 +120,32 @@ class Outbox:
                     return
                 self._queued -= sent
                 while sent:
-                    head = self._items[0]
-                    if sent >= head.size:
-                        sent -= head.size
-                        self._items.popleft()
+                    head = self._buffers[0]
+                    if sent >= len(head):
+                        sent -= len(head)
+                        self._buffers.popleft()
                     else:
-                        self._consume(head, sent)
-                        head.started = True
+                        self._buffers[0] = memoryview(head)[sent:]
                         sent = 0
                 if self._queued <= self.limit:
                     self._wake_producers()
         finally:
             self._writing = False
-            if not self._items:
-                self.dropped -= self._forget_later
-                self._forget_later.clear()
             self._wake_producers()
             if self._closing or self.broken:
                 self.done.set()
+
+
+def _skip(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``buffers`` after their first ``sent`` bytes went out."""
+    rest: list[Buffer] = []
+    for buffer in buffers:
+        size = len(buffer)
+        if sent >= size:
+            sent -= size
+        elif sent:
+            rest.append(memoryview(buffer)[sent:])
+            sent = 0
+        else:
+            rest.append(buffer)
+    return rest

@@ -14,15 +14,17 @@ from collections.abc import Iterator
 import anyio
 
 from .addresses import Address, default_address, is_loopback, parse_address
+from .auth import Access
 from .backends.spawn import spawn_supported
-from .config import ServeConfig, read_token
+from .config import ServeConfig
+from .credentials import read_token, tls_context
 from .errors import AddressError, ConfigError, LeaseError, ListenError
 from .exitcodes import ServeExit
-from .handler import ServerSettings
 from .journal import Journal
 from .listeners import SocketLease, open_listeners, remove_socket_file
 from .policy import Policy
 from .server import Server, login_shell
+from .settings import ServerSettings
 
 log = logging.getLogger("ttyserve")
 
@@ -64,19 +66,13 @@ def check_exposure(addresses: list[Address], token: str | None, config: ServeCon
                               "with --tls-cert and --tls-key), or --insecure")
 
 
-def tls_context(config: ServeConfig, addresses: list[Address]) -> ssl.SSLContext | None:
+def server_tls(config: ServeConfig, addresses: list[Address]) -> ssl.SSLContext | None:
+    """The context of the `tls:` listeners, or None when there are none."""
     if not any(a.scheme == "tls" for a in addresses):
         return None
     if not config.tls_cert or not config.tls_key:
         raise ConfigError("tls: listeners need --tls-cert and --tls-key")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"TLS certificate {config.tls_cert} / key {config.tls_key}: "
-                          f"{exc}") from exc
-    return context
+    return tls_context("server", certfile=config.tls_cert, keyfile=config.tls_key)
 
 
 @contextlib.contextmanager
@@ -93,9 +89,9 @@ def _held(leases: list[SocketLease], journal: Journal | None) -> Iterator[None]:
 async def _serve(config: ServeConfig) -> int:
     try:
         addresses = [parse_address(a) for a in config.listen] or [default_address()]
-        token = read_token(config)
+        token = read_token(config.token_file)
         check_exposure(addresses, token, config)
-        tls = tls_context(config, addresses)
+        tls = server_tls(config, addresses)
         default_argv = shlex.split(config.command) if config.command else login_shell()
         if not default_argv:
             raise ConfigError(f"command {config.command!r} names no program")
@@ -104,12 +100,14 @@ async def _serve(config: ServeConfig) -> int:
         return ServeExit.CONFIG
     settings = ServerSettings(
         default_argv=default_argv, linger=config.linger, max_frame=config.max_frame,
-        token=token, allowed_uids=frozenset(config.allow_uid),
+        stdin_window=config.stdin_window,
+        access=Access(token=token, allowed_uids=frozenset(config.allow_uid)),
         policy=Policy(config.allow_command, config.allow_env, config.max_argv_bytes,
                       config.max_env_bytes, config.max_cwd_bytes),
         max_sessions=config.max_sessions,
         max_sessions_per_connection=config.max_sessions_per_connection,
-        handshake_timeout=config.handshake_timeout,
+        handshake_timeout=config.handshake_timeout, max_connections=config.max_connections,
+        shutdown_timeout=config.shutdown_timeout,
     )
     leases: list[SocketLease] = []
     journal: Journal | None = None
@@ -123,8 +121,7 @@ async def _serve(config: ServeConfig) -> int:
             with _held(leases, journal):
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
-        server = Server(settings, shutdown_timeout=config.shutdown_timeout, journal=journal,
-                        tls=tls, max_connections=config.max_connections)
+        server = Server(settings, journal=journal, tls=tls)
 
         async def watch_signals() -> None:
             async for signum in signals:

@@ -1,4 +1,4 @@
-"""The server: accept loops, the set of connections, and graceful shutdown.
+"""The server: its state, accept loops, the set of connections, and graceful shutdown.
 
 Shutdown stops accepting, hangs up every session (SIGHUP to its process
 group) and lets sessions send their `exit` frames. It is bounded by a
@@ -21,18 +21,18 @@ import anyio.abc
 from anyio.streams.tls import TLSStream
 
 from .addresses import Address
-from .auth import peer_of
+from .auth import Gate, peer_of
 from .backends.base import Backend
 from .backends.local import LocalBackend
-from .handler import ConnectionHandler, ServerSettings, ServerState, busy
+from .handler import ConnectionHandler
 from .journal import Journal
-from .protocol.connection import control_frame, error_message
-from .protocol.frames import FrameKind
+from .protocol.server import ServerConnection
+from .registry import SessionRegistry, busy
+from .settings import ServerSettings
 from .transport import SocketTransport, StreamTransport, Transport, send_all
 
 log = logging.getLogger("ttyserve")
 
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds for the drain before the watchdog forces the end
 _ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
 
 
@@ -44,19 +44,24 @@ def ensure_children_reapable() -> None:
 
 
 class Server:
-    """Serves sessions on a set of listeners until shut down."""
+    """Serves sessions on a set of listeners until shut down.
+
+    It owns the server's state: the session registry, the gate (access rules and
+    the failed-hello throttle) and the set of open connections.
+    """
 
     def __init__(self, settings: ServerSettings, backend: Backend | None = None,
-                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
                  reap_orphans: bool = True, *, journal: Journal | None = None,
-                 tls: ssl.SSLContext | None = None, max_connections: int = 256) -> None:
-        self.state = ServerState(settings, backend or LocalBackend(settings.default_cwd),
-                                 journal=journal)
-        self.shutdown_timeout = shutdown_timeout
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.settings = settings
+        self.registry = SessionRegistry(
+            settings, backend or LocalBackend(settings.default_cwd), journal)
+        self.gate = Gate(settings.access)
+        self.handlers: set[ConnectionHandler] = set()
         self.reap_orphans = reap_orphans
         self.tls = tls
-        self.max_connections = max_connections
         self._connections = 0
+        self._handlers_changed = anyio.Event()
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -70,10 +75,6 @@ class Server:
         self._stop.set()
         self._force.set()
 
-    @property
-    def handlers(self) -> set[ConnectionHandler]:
-        return self.state.handlers
-
     async def serve(
         self,
         listeners: list[tuple[Address, socket.socket]],
@@ -81,10 +82,12 @@ class Server:
     ) -> bool:
         """Serve until shut down; True when the drain finished, False when forced."""
         ensure_children_reapable()
+        backend = self.registry.backend
         async with anyio.create_task_group() as maintenance:
-            if self.reap_orphans and isinstance(self.state.backend, LocalBackend):
-                maintenance.start_soon(self.state.backend.reap_orphans)
-            drained = await self._serve(listeners, on_listening)
+            if self.reap_orphans and isinstance(backend, LocalBackend):
+                maintenance.start_soon(backend.reap_orphans)
+            async with self.registry.running():
+                drained = await self._serve(listeners, on_listening)
             maintenance.cancel_scope.cancel()
         return drained
 
@@ -104,17 +107,18 @@ class Server:
                 accepting.cancel_scope.cancel()
             for _, listener in listeners:
                 listener.close()
-            self.state.shutting_down = True
-            for handler in list(self.state.handlers):
+            self.registry.hang_up_all()
+            for handler in list(self.handlers):
                 handler.begin_shutdown()
-            with anyio.move_on_after(self.shutdown_timeout) as watchdog:
+            with anyio.move_on_after(self.settings.shutdown_timeout) as watchdog:
                 async with anyio.create_task_group() as waiter:
                     waiter.start_soon(self._wait_forced, waiter.cancel_scope)
                     await self._wait_drained()
                     waiter.cancel_scope.cancel()
             if watchdog.cancelled_caught or self._force.is_set():
                 self.forced = True
-                log.warning("shutdown forced: killing %d connection(s)", len(self.handlers))
+                log.warning("shutdown forced: killing %d session(s) on %d connection(s)",
+                            len(self.registry.sessions), len(self.handlers))
                 connections.cancel_scope.cancel()
         return not self.forced
 
@@ -123,12 +127,18 @@ class Server:
         scope.cancel()
 
     async def _wait_drained(self) -> None:
-        while self.state.handlers:
-            await self.state.handlers_changed.wait()
+        while self.handlers:
+            await self._handlers_changed.wait()
+        await self.registry.wait_empty()
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def _handler_closed(self, handler: ConnectionHandler) -> None:
+        self.handlers.discard(handler)
+        self._handlers_changed.set()
+        self._handlers_changed = anyio.Event()
 
     async def _accept_loop(self, listener: socket.socket, transport: str,
                            connections: anyio.abc.TaskGroup) -> None:
@@ -156,7 +166,9 @@ class Server:
             transport = await self._open_transport(sock, transport_kind, peer)
             if transport is None:
                 return
-            handler = ConnectionHandler(transport, self.state, peer)
+            handler = ConnectionHandler(transport, peer, self.registry, self.gate,
+                                        self._handler_closed)
+            self.handlers.add(handler)
             try:
                 await handler.run()
             except Exception:  # one connection's bug must not take the server down
@@ -167,18 +179,19 @@ class Server:
     async def _open_transport(self, sock: socket.socket, transport_kind: str,
                               peer: object) -> Transport | None:
         """The connection's transport, or None when it was refused or its TLS failed."""
-        if self._connections > self.max_connections:
+        limit = self.settings.max_connections
+        if self._connections > limit:
             log.warning("%s: refused: %d connections open", peer, self._connections - 1)
             if transport_kind == "tls":  # a plaintext frame would be garbage to a TLS client
                 sock.close()
             else:
-                await refuse_busy(SocketTransport(sock), self.max_connections)
+                await refuse_busy(SocketTransport(sock), limit)
             return None
         if transport_kind != "tls":
             return SocketTransport(sock)
         assert self.tls is not None
         stream: anyio.abc.ByteStream | None = None
-        with anyio.move_on_after(self.state.settings.handshake_timeout) as deadline:
+        with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
             try:
                 stream = await anyio.abc.SocketStream.from_socket(sock)
                 return StreamTransport(await TLSStream.wrap(
@@ -198,11 +211,11 @@ class Server:
 
 async def refuse_busy(transport: Transport, limit: int) -> None:
     """Answer `busy` on channel 0 to a connection over the limit, then close it."""
-    error = busy(f"the server has its maximum of {limit} connections")
-    frame = control_frame(FrameKind.CTRL_OUT, 0, error_message(error))
+    core = ServerConnection()
+    core.close(busy(f"the server has its maximum of {limit} connections"))
     with anyio.move_on_after(1):
         try:
-            await send_all(transport, frame)
+            await send_all(transport, b"".join(core.data_to_send()))
             await transport.send_eof()
             while True:
                 await transport.receive(4096)

@@ -1,65 +1,62 @@
-"""The session adapter: one process, one channel, the exit frame last.
+"""The session adapter: one process, owned by the server, its output to an attached sink.
 
-Per session one task group runs the output pumps (stdout and, in pipe mode,
-stderr -> client) while the session's own task awaits the process; stdin is
+A session belongs to the server's registry, not to a connection: a connection
+attaches a channel to it (`OutputSink`), and the session writes its output
+there. Per session one task group runs the output pumps (stdout and, in pipe
+mode, stderr) while the session's own task awaits the process; stdin is
 written straight from the connection's reader when the process takes it, and
 only what would block goes through an input pump started for the purpose.
-Only `run` writes the `exit` frame, and only after the process is reaped and
-its output has reached end-of-file or the linger grace has run out.
-Cancelling the session's scope is the cancel path: the process group is hung
-up, killed after a grace, reaped, and nothing more is sent.
+`run` sends the exit status only after the process is reaped and its output
+reached end-of-file or the linger grace ran out. Cancelling the session's
+scope is the cancel path: the process group is hung up, killed after a
+grace, reaped, and nothing more is sent.
 """
 
 from __future__ import annotations
 
 import collections
 import signal
-from collections.abc import Awaitable, Callable
+import time
+from typing import Protocol
 
 import anyio
 import anyio.abc
 
-from .backends.base import OutputSource, ProcessHandle
-from .protocol.frames import HEADER, FrameKind
-from .protocol.messages import Eof, Exit, Message, Resize, Signal, Window
+from .backends.base import OutputSource, ProcessHandle, ProcessSpec
+from .journal import Reason
+from .protocol.frames import FrameKind
+from .protocol.messages import Eof, Exit, Message, Resize, Signal
+from .settings import DEFAULT_LINGER
 
-DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
-READ_SIZE = 1 << 20  # the most one frame carries (never above max_frame): one wake-up's output
-STDIN_LIMIT = 1 << 20  # stdin bytes queued for a process that does not read before we wait
-
-SendFrame = Callable[..., Awaitable[None]]  # (channel, *parts)
+STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
 
 
-class Credit:
-    """Output credit of one channel (protocol section 7); None when the client set no window."""
-
-    def __init__(self, initial: int | None, frame_limit: int = READ_SIZE) -> None:
-        self.available = initial
-        self.frame_limit = min(READ_SIZE, frame_limit)
-        self._changed: anyio.Event | None = None  # made only when someone has to wait
-
-    async def wait(self) -> None:
-        """Until there is credit to send anything."""
-        while self.available is not None and self.available <= 0:
-            changed = self._changed = self._changed or anyio.Event()
-            await changed.wait()
+class OutputSink(Protocol):
+    """Where a session's output goes: the channel of the connection it is attached to."""
 
     def limit(self) -> int:
-        """What may be read and sent now: at most one frame, at most the credit."""
-        if self.available is None:
-            return self.frame_limit
-        return max(0, min(self.frame_limit, self.available))
+        """Bytes that may be sent now (one frame at most); 0 until credit comes."""
+        ...
 
-    def spend(self, size: int) -> None:
-        if self.available is not None:
-            self.available -= size
+    async def wait_credit(self) -> None:
+        """Until `limit` may be above 0."""
+        ...
 
-    def grant(self, size: int) -> None:
-        if self.available is not None:
-            self.available += size
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
+    async def send_output(self, kind: FrameKind, data: bytes) -> None:
+        """Send one output frame, waiting while the connection's queue is full."""
+        ...
+
+    async def send_exit(self, status: Exit) -> None:
+        """Send the channel's last frame."""
+        ...
+
+    def stdin_consumed(self, size: int) -> None:
+        """The process took ``size`` bytes of input (STDIN credit may be granted back)."""
+        ...
+
+    def ended(self) -> None:
+        """The session is over, whichever way it ended: the sink is released."""
+        ...
 
 
 class _Reading:
@@ -72,27 +69,26 @@ class _Reading:
 
 
 class Session:
-    """Drives one process for one channel until its `exit` frame is queued."""
+    """One process the server runs, from spawn until its exit status is sent."""
 
-    def __init__(
-        self,
-        channel: int,
-        process: ProcessHandle,
-        send_frame: SendFrame,
-        make_exit_frame: Callable[[int, Exit], bytes],
-        linger: float = DEFAULT_LINGER,
-        window: int | None = None,
-        max_frame: int = READ_SIZE,
-    ) -> None:
-        self.channel = channel
+    def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
+                 owner: str, peer: str, linger: float = DEFAULT_LINGER) -> None:
+        self.id = session_id
         self.process = process
-        self.credit = Credit(window, max_frame)
-        self._send_frame = send_frame
-        self._make_exit_frame = make_exit_frame
+        self.spec = spec
+        self.owner = owner  # the principal that opened it
+        self.peer = peer  # for the journal and the logs
+        self.started = time.time()
+        self.scope = anyio.CancelScope()  # cancelled to cancel the session
+        self.sink: OutputSink | None = None
+        self.status: Exit | None = None  # once the exit status was sent
+        self.ending: Reason | None = None  # why it was ended, when something ended it
+        self.bytes_in = 0
+        self.bytes_out = 0
         self._linger = linger
         self._stdin: collections.deque[bytes | Eof] = collections.deque()
         self._stdin_queued = 0
-        self._stdin_space: anyio.Event | None = None  # made only when a feeder has to wait
+        self._stdin_room: anyio.Event | None = None  # made only when a feeder has to wait
         self._stdin_broken = False
         self._input_pump_running = False
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -100,29 +96,51 @@ class Session:
         self._lingering_over = False
         self._open_outputs = 2 if process.stderr is not None else 1
         self._outputs_done = anyio.Event()
-        self.bytes_in = 0
-        self.bytes_out = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def attach(self, sink: OutputSink) -> None:
+        self.sink = sink
+
+    def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
+        """End the session now: kill and reap its processes, send nothing more."""
+        self.ending = self.ending or reason
+        self.scope.cancel()
 
     # --- called by the connection ------------------------------------------
 
-    async def feed_stdin(self, data: bytes) -> None:
-        """Write stdin now if the process takes it, else queue it (waiting while too much is)."""
+    async def feed_stdin(self, data: bytes, wait: bool = True) -> None:
+        """Write stdin now if the process takes it, else queue it.
+
+        With ``wait`` (a connection without windows) this waits while more than
+        STDIN_LIMIT is queued; with windows the client's credit bounds the queue.
+        """
         self.bytes_in += len(data)
         if self._stdin_broken:
+            self._consumed(len(data))  # dropped input is granted back all the same
             return
         if not self._stdin and not self._input_pump_running:
             try:
                 written = self.process.write_nowait(data)
             except anyio.BrokenResourceError:
                 self._stdin_broken = True
+                self._consumed(len(data))
                 return
+            if written:
+                self._consumed(written)
             if written == len(data):
                 return
             data = data[written:]
         self._queue_input(data)
-        while self._stdin_queued > STDIN_LIMIT and not self._stdin_broken:
-            space = self._stdin_space = self._stdin_space or anyio.Event()
-            await space.wait()
+        while wait and self._stdin_queued > STDIN_LIMIT and not self._stdin_broken:
+            room = self._stdin_room = self._stdin_room or anyio.Event()
+            await room.wait()
+
+    def feed_eof(self) -> None:
+        """End-of-input, behind the stdin already queued."""
+        self._queue_input(Eof())
 
     def close_input(self) -> None:
         """The session is over: drop queued stdin and release any feeder waiting for room."""
@@ -131,23 +149,22 @@ class Session:
         self._stdin_queued = 0
         self._wake_feeders()
 
-    async def feed_eof(self) -> None:
-        """End-of-input, behind the stdin already queued."""
-        self._queue_input(Eof())
-
     def control(self, message: Message) -> None:
-        """Apply `resize`, `signal` or `window` at once: they do not wait behind stdin."""
+        """Apply `resize` or `signal` at once: they do not wait behind stdin."""
         if isinstance(message, Resize):
             self.process.resize(message.rows, message.cols)
         elif isinstance(message, Signal):
             self.process.send_signal(signal.Signals["SIG" + message.name])
-        elif isinstance(message, Window):
-            self.credit.grant(message.bytes)
+
+    def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
+        """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
+        self.ending = self.ending or reason
+        self.process.hang_up()
 
     # --- the adapter --------------------------------------------------------
 
     async def run(self) -> Exit:
-        """Pump until the exit frame is queued; on cancellation, kill and reap, send nothing."""
+        """Pump until the exit status is sent; on cancellation, kill and reap, send nothing."""
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
@@ -165,7 +182,9 @@ class Session:
                         scope.cancel()
                 if not self._outputs_done.is_set():
                     await self._outputs_done.wait()  # the pumps send what is buffered, then stop
-                await self._send_frame(self.channel, self._make_exit_frame(self.channel, status))
+                assert self.sink is not None
+                await self.sink.send_exit(status)
+                self.status = status
                 tg.cancel_scope.cancel()
             return status
         finally:
@@ -175,37 +194,44 @@ class Session:
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
         # Credit is checked and spent with no await in between (two pumps share it),
         # and no credit is held while waiting for output.
+        sink = self.sink
+        assert sink is not None
         reading = _Reading()
         try:
             with anyio.CancelScope() as scope:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
                     reading.now = True  # only a wait may be cut short by the linger
-                    await self.credit.wait()
-                    data = source.receive_nowait(self.credit.limit())
+                    limit = sink.limit()
+                    if not limit:
+                        await sink.wait_credit()
+                        continue
+                    data = source.receive_nowait(limit)
                     if not data:
                         if source.at_eof:
                             return
                         await source.wait_readable()
                         continue
                     reading.now = False
-                    await self._send_output(kind, data)
+                    self.bytes_out += len(data)
+                    await sink.send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            await self.credit.wait()
-            data = source.receive_nowait(self.credit.limit())
+            while not (limit := sink.limit()):
+                await sink.wait_credit()
+            data = source.receive_nowait(limit)
             if data:
-                await self._send_output(kind, data)
+                self.bytes_out += len(data)
+                await sink.send_output(kind, data)
         finally:
             self._open_outputs -= 1
             if self._open_outputs == 0:
                 self._outputs_done.set()
 
-    async def _send_output(self, kind: FrameKind, data: bytes) -> None:
-        self.bytes_out += len(data)
-        self.credit.spend(len(data))
-        await self._send_frame(self.channel, HEADER.pack(kind, self.channel, len(data)), data)
-
     # --- input that has to wait ---------------------------------------------
+
+    def _consumed(self, size: int) -> None:
+        if self.sink is not None:
+            self.sink.stdin_consumed(size)
 
     def _queue_input(self, item: bytes | Eof) -> None:
         self._stdin.append(item)
@@ -234,6 +260,7 @@ class Session:
                 self._stdin.popleft()
                 if isinstance(item, bytes):
                     self._stdin_queued -= len(item)
+                    self._consumed(len(item))
                     if self._stdin_queued <= STDIN_LIMIT:
                         self._wake_feeders()
         finally:
@@ -241,6 +268,6 @@ class Session:
             self._wake_feeders()
 
     def _wake_feeders(self) -> None:
-        if self._stdin_space is not None:
-            self._stdin_space.set()
-            self._stdin_space = None
+        if self._stdin_room is not None:
+            self._stdin_room.set()
+            self._stdin_room = None

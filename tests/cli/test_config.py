@@ -10,6 +10,7 @@ import pytest
 from helpers import start_server, ttyserve_command
 
 from ttyserve import config
+from ttyserve.errors import ConfigError, UsageError
 from ttyserve.exitcodes import ServeExit
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,15 +105,57 @@ def test_exposure_is_refused_by_default(short_dir: Path, listen: str, extra: lis
     assert complaint in result.stderr
 
 
-def test_token_file_readable_by_others_is_refused(short_dir: Path) -> None:
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o644])
+def test_token_file_open_to_others_is_refused(short_dir: Path, mode: int) -> None:
     token = short_dir / "token"
     token.write_text("t")
-    token.chmod(0o644)
+    token.chmod(mode)
     result = subprocess.run(ttyserve_command("serve", "--listen=tcp:127.0.0.1:0",
                                              "--token-file", str(token)),
                             capture_output=True, timeout=20, text=True)
     assert result.returncode == ServeExit.CONFIG
-    assert "readable by others" in result.stderr
+    assert f"token file {token}" in result.stderr and "chmod 600" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["empty", "directory", "missing"])
+def test_unusable_token_file_exits_3_naming_it(short_dir: Path, kind: str) -> None:
+    token = short_dir / "token"
+    if kind == "empty":
+        token.write_text("\n")
+        token.chmod(0o600)
+    elif kind == "directory":
+        token.mkdir(mode=0o700)
+    result = subprocess.run(ttyserve_command("serve", "--listen=tcp:127.0.0.1:0",
+                                             "--token-file", str(token)),
+                            capture_output=True, timeout=20, text=True)
+    assert result.returncode == ServeExit.CONFIG
+    assert f"token file {token}" in result.stderr
+
+
+@pytest.mark.parametrize("source", ["file", "environment", "flag"])
+def test_a_bad_list_item_names_its_key(tmp_path: Path, source: str) -> None:
+    """The key comes from the option being checked, not from msgspec's message."""
+    file = tmp_path / "c.toml"
+    file.write_text('allow_uid = [1, "x"]\n' if source == "file" else "")
+    environ = {"TTYSERVE_ALLOW_UID": "1,x"} if source == "environment" else {}
+    flags = ["--allow-uid", "1", "--allow-uid", "x"] if source == "flag" else []
+    with pytest.raises(ConfigError) as caught:
+        config.load(parse("--config", str(file), "--linger", "1", *flags),
+                    {"TTYSERVE_MAX_SESSIONS": "8", **environ})
+    name = {"file": "allow_uid", "environment": "TTYSERVE_ALLOW_UID", "flag": "--allow-uid"}
+    assert str(caught.value).startswith(f"{source}: {name[source]}: ")
+    assert (type(caught.value) is UsageError) == (source == "flag")
+
+
+def test_each_source_is_checked_with_its_own_rules(tmp_path: Path) -> None:
+    """Text from the environment and flags is converted; a file's values must be typed."""
+    file = tmp_path / "c.toml"
+    file.write_text('max_sessions = "8"\n')
+    with pytest.raises(ConfigError, match=r"^file: max_sessions: "):
+        config.load(parse("--config", str(file)), {})
+    loaded = config.load(parse("--max-frame", "65536"),
+                         {"TTYSERVE_MAX_SESSIONS": "8", "TTYSERVE_LINGER": "0.5"})
+    assert (loaded.max_frame, loaded.max_sessions, loaded.linger) == (65536, 8, 0.5)
 
 
 def test_insecure_allows_plain_tcp_and_says_so(short_dir: Path) -> None:

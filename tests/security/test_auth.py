@@ -12,7 +12,8 @@ import pytest
 import trustme
 from helpers import ServerProcess, start_server
 
-from ttyserve.client import ServerError, client_tls_context, run
+from ttyserve.client import client_tls_context, run
+from ttyserve.errors import RequestError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 TOKEN = "s3cret-token-for-tests"
@@ -67,10 +68,10 @@ async def test_missing_or_wrong_token_is_unauthorized(secure_server: ServerProce
                                                       token: str | None, ca: trustme.CA,
                                                       short_dir: Path) -> None:
     tls = trusting(ca, short_dir) if scheme == "tls" else None
-    with pytest.raises(ServerError) as info:
+    with pytest.raises(RequestError) as info:
         await run(["echo", "in"], address=address(secure_server, scheme), token=token, tls=tls)
-    assert info.value.error.code == "unauthorized"
-    assert info.value.error.retriable is False
+    assert info.value.code == "unauthorized"
+    assert info.value.retriable is False
     assert "unauthorized" in secure_server.stderr_tail()
 
 
@@ -100,7 +101,7 @@ async def test_guessing_tokens_slows_to_a_crawl(secure_server: ServerProcess) ->
     timings = []
     for _ in range(8):
         started = time.monotonic()
-        with pytest.raises(ServerError):
+        with pytest.raises(RequestError):
             await run(["true"], address=tcp, token="guess")
         timings.append(time.monotonic() - started)
     assert max(timings[:5]) < 0.5  # the first failures are answered at once

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import socket
@@ -21,29 +22,28 @@ from helpers import (
 )
 
 from ttyserve.exitcodes import ServeExit
-from ttyserve.journal import END, START, read_file
+from ttyserve.journal import Reason, SessionEnd, SessionStart, read_file
 from ttyserve.protocol.frames import FrameDecoder, FrameKind
 from ttyserve.protocol.messages import Open
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def records(journal: Path) -> list[dict[str, object]]:
-    return read_file(str(journal)).records
+def starts(journal: Path) -> list[SessionStart]:
+    return [r for r in read_file(str(journal)).records if isinstance(r, SessionStart)]
 
 
-def ends_by_id(journal: Path) -> dict[object, list[dict[str, object]]]:
-    ends: dict[object, list[dict[str, object]]] = {}
-    for record in records(journal):
-        if record["event"] == END:
-            ends.setdefault(record["id"], []).append(record)
+def ends_by_id(journal: Path) -> dict[str, list[SessionEnd]]:
+    ends: dict[str, list[SessionEnd]] = {}
+    for record in read_file(str(journal)).records:
+        if isinstance(record, SessionEnd):
+            ends.setdefault(record.id, []).append(record)
     return ends
 
 
-def assert_one_end_per_start(journal: Path) -> dict[object, dict[str, object]]:
-    starts = [r for r in records(journal) if r["event"] == START]
+def assert_one_end_per_start(journal: Path) -> dict[str, SessionEnd]:
     ends = ends_by_id(journal)
-    assert set(ends) == {s["id"] for s in starts}
+    assert set(ends) == {s.id for s in starts(journal)}
     assert all(len(e) == 1 for e in ends.values())
     return {key: value[0] for key, value in ends.items()}
 
@@ -69,13 +69,13 @@ def test_kill_9_with_20_sessions_then_restart(short_dir: Path) -> None:
     assert server.stop(signal.SIGKILL) == -signal.SIGKILL
     for sock, _ in sessions:
         sock.close()
-    assert len([r for r in records(journal) if r["event"] == START]) == 20
+    assert len(starts(journal)) == 20
     assert ends_by_id(journal) == {}  # a hard death writes no end records
 
     restarted = start_server(short_dir, "--journal", str(journal))
     try:
         ends = assert_one_end_per_start(journal)
-        assert [e["reason"] for e in ends.values()] == ["crash-inferred"] * 20
+        assert [e.reason for e in ends.values()] == [Reason.CRASH_INFERRED] * 20
         # The orphans' fate: the next start hangs up what the crashed sessions left running.
         deadline = time.monotonic() + 5
         while any(processes_in_group(g) for g in groups) and time.monotonic() < deadline:
@@ -104,7 +104,7 @@ def test_torn_last_line_is_skipped_with_a_warning(short_dir: Path) -> None:
         assert server.stop() == ServeExit.OK
     assert read_file(str(journal)).torn == 1
     ends = assert_one_end_per_start(journal)
-    assert [e["reason"] for e in ends.values()] == ["exit"]
+    assert [e.reason for e in ends.values()] == [Reason.EXIT]
 
 
 def test_second_server_on_the_same_journal_exits_4(short_dir: Path) -> None:
@@ -134,14 +134,25 @@ def test_records_of_a_normal_life(short_dir: Path) -> None:
         sock.close()
     finally:
         assert server.stop() == ServeExit.OK
-    starts = [r for r in records(journal) if r["event"] == START]
+    started = starts(journal)
     ends = assert_one_end_per_start(journal)
-    first, failed, cancelled = (ends[s["id"]] for s in starts)
-    assert starts[0]["argv"] == ["sh", "-c", "cat; exit 3"] and starts[0]["pty"] is False
-    assert (first["reason"], first["code"], first["bytes_in"], first["bytes_out"]) == (
-        "exit", 3, 5, 5)
-    assert failed["reason"] == "spawn_failed"
-    assert cancelled["reason"] == "cancelled"
+    first, failed, cancelled = (ends[s.id] for s in started)
+    assert started[0].argv == ["sh", "-c", "cat; exit 3"] and started[0].pty is False
+    assert (first.reason, first.code, first.bytes_in, first.bytes_out) == (Reason.EXIT, 3, 5, 5)
+    assert started[1].pid is None and started[1].start_time is None
+    assert failed.reason == Reason.SPAWN_FAILED and failed.errno == errno.ENOENT
+    assert cancelled.reason == Reason.CANCELLED
+    # The bytes on disk are the contract's format: the tag first, a spawn failure's null pid
+    # written, members left None omitted.
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert list(lines[0]) == ["event", "id", "at", "peer", "argv", "pty", "pid", "start_time"]
+    assert lines[0]["event"] == "session.start" and lines[0]["start_time"] > 0
+    failed_start = next(line for line in lines if line["id"] == started[1].id)
+    assert failed_start["pid"] is None and "start_time" not in failed_start
+    first_end = next(line for line in lines if line["id"] == started[0].id
+                     and line["event"] == "session.end")
+    assert first_end == {"event": "session.end", "id": started[0].id, "at": first_end["at"],
+                         "reason": "exit", "code": 3, "bytes_in": 5, "bytes_out": 5}
     listing = subprocess.run(ttyserve_command("sessions", "--journal", str(journal)),
                              capture_output=True, timeout=20, text=True)
     assert listing.returncode == 0
@@ -174,7 +185,7 @@ def test_sigterm_with_50_busy_sessions(short_dir: Path) -> None:
     assert time.monotonic() - started < 20
     ends = assert_one_end_per_start(journal)
     assert exits == 50
-    assert [e["reason"] for e in ends.values()] == ["shutdown"] * 50
+    assert [e.reason for e in ends.values()] == [Reason.SHUTDOWN] * 50
 
 
 def test_watchdog_with_a_session_that_ignores_sighup(short_dir: Path) -> None:
@@ -189,4 +200,4 @@ def test_watchdog_with_a_session_that_ignores_sighup(short_dir: Path) -> None:
     assert 2 <= elapsed < 6, elapsed
     assert processes_in_group(pgid) == []
     ends = assert_one_end_per_start(journal)
-    assert [e["reason"] for e in ends.values()] == ["shutdown"]
+    assert [e.reason for e in ends.values()] == [Reason.SHUTDOWN]

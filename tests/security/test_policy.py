@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import ServerProcess, start_server
 
-from ttyserve.client import ServerError, run
+from ttyserve.client import run
+from ttyserve.errors import RequestError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -25,10 +26,10 @@ def restricted(short_dir: Path) -> Iterator[ServerProcess]:
 
 async def refused(server: ServerProcess, argv: list[str], env: dict[str, str] | None = None,
                   ) -> str:
-    with pytest.raises(ServerError) as info:
+    with pytest.raises(RequestError) as info:
         await run(argv, address=server.addresses[0], env=env)
-    assert info.value.error.code == "forbidden"
-    return info.value.error.message
+    assert info.value.code == "forbidden"
+    return info.value.message
 
 
 async def test_allowed_command_runs(restricted: ServerProcess) -> None:
@@ -57,8 +58,8 @@ async def test_env_outside_allow_env_is_forbidden(restricted: ServerProcess) -> 
 async def test_nul_bytes_are_refused_everywhere(short_dir: Path) -> None:
     server = start_server(short_dir)
     try:
-        with pytest.raises(ServerError) as info:
+        with pytest.raises(RequestError) as info:
             await run(["/bin/echo", "a\0b"], address=server.addresses[0])
-        assert info.value.error.code == "bad_request"
+        assert info.value.code == "bad_request"
     finally:
         server.stop()

@@ -71,8 +71,19 @@ def test_one_byte_at_a_time_and_trailing_bytes() -> None:
 def test_oversize_frame_is_refused_from_its_header() -> None:
     decoder = FrameDecoder(max_frame=1024)
     header = bytes([1]) + (1).to_bytes(4, "big") + (1025).to_bytes(4, "big")
+    assert decoder.feed(header) == []  # refused before any payload arrives
     with pytest.raises(ProtocolError, match="exceeds max_frame"):
-        decoder.feed(header)  # refused before any payload arrives
+        decoder.check()
+    assert decoder.buffered == 0
+
+
+def test_frames_before_a_bad_header_are_delivered_then_nothing_more() -> None:
+    decoder = FrameDecoder()
+    good = encode_frame(FrameKind.STDIN, 1, b"first")
+    frames = decoder.feed(good + b"\x09" + bytes(8) + good)
+    assert [f.payload for f in frames] == [b"first"]
+    assert decoder.error is not None and "unknown frame kind 9" in str(decoder.error)
+    assert decoder.feed(good) == []  # a stream that broke once stays broken
 
 
 def test_max_frame_itself_is_accepted() -> None:
@@ -81,19 +92,21 @@ def test_max_frame_itself_is_accepted() -> None:
 
 
 def test_unknown_kind_is_a_protocol_error() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(b"\x09" + bytes(8))
     with pytest.raises(ProtocolError, match="unknown frame kind 9"):
-        FrameDecoder().feed(b"\x09" + bytes(8))
+        decoder.check()
 
 
 @given(st.binary(max_size=2000), st.integers(1, 50))
 @settings(max_examples=500)
 def test_garbage_never_hangs_or_overallocates(garbage: bytes, step: int) -> None:
     decoder = FrameDecoder(max_frame=4096)
-    try:
-        for i in range(0, len(garbage), step):
-            for frame in decoder.feed(garbage[i : i + step]):
-                assert len(frame.payload) <= 4096
-    except ProtocolError:
+    for i in range(0, len(garbage), step):
+        for frame in decoder.feed(garbage[i : i + step]):
+            assert len(frame.payload) <= 4096
+    if decoder.error is not None:
+        assert decoder.buffered == 0  # a broken stream keeps nothing
         return
     # Whatever was not decoded waits in a buffer no larger than one frame plus a header.
     assert decoder.buffered <= 4096 + HEADER_SIZE

@@ -42,15 +42,23 @@ def encode_frame(kind: FrameKind, channel: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, channel, len(payload)) + payload
 
 
+def frame_header(kind: FrameKind, channel: int, length: int) -> bytes:
+    """The 9-byte header alone: the payload can then go out without being copied."""
+    return HEADER.pack(kind, channel, length)
+
+
 class FrameDecoder:
     """Incremental decoder: feed any split of the byte stream, take whole frames out.
 
     The length field is checked against ``max_frame`` as soon as the header is
     complete, so a hostile length never makes the decoder allocate or wait for it.
+    A malformed header stops decoding: the frames before it are returned and
+    ``error`` is set, so a receiver acts on what came first, then fails.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
+        self.error: RemoteProtocolError | None = None
         self._buffer = bytearray()
         self._offset = 0
 
@@ -60,10 +68,9 @@ class FrameDecoder:
         return len(self._buffer) - self._offset
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Add received bytes; return every frame now complete, in order.
-
-        Raises :class:`RemoteProtocolError` for an unknown kind or an oversize frame.
-        """
+        """Add received bytes; return every frame now complete, in order (none after an error)."""
+        if self.error is not None:
+            return []
         if self._offset:
             del self._buffer[: self._offset]
             self._offset = 0
@@ -80,11 +87,12 @@ class FrameDecoder:
             while end - offset >= HEADER_SIZE:
                 kind, channel, length = HEADER.unpack_from(source, offset)
                 if kind > FrameKind.CTRL_OUT:
-                    raise RemoteProtocolError(f"unknown frame kind {kind}")
+                    self.error = RemoteProtocolError(f"unknown frame kind {kind}")
+                    break
                 if length > self.max_frame:
-                    raise RemoteProtocolError(
-                        f"frame of {length} bytes exceeds max_frame {self.max_frame}"
-                    )
+                    self.error = RemoteProtocolError(
+                        f"frame of {length} bytes exceeds max_frame {self.max_frame}")
+                    break
                 start = offset + HEADER_SIZE
                 if end - start < length:
                     break
@@ -92,11 +100,19 @@ class FrameDecoder:
                 offset = start + length
         finally:
             view.release()
-        if source is self._buffer:
+        if self.error is not None:
+            self._buffer.clear()
+            self._offset = 0
+        elif source is self._buffer:
             self._offset = offset
         elif offset < end:
             self._buffer += data[offset:]
         return frames
+
+    def check(self) -> None:
+        """Raise the error that stopped decoding, if any."""
+        if self.error is not None:
+            raise self.error
 
 
 _KINDS = tuple(FrameKind)

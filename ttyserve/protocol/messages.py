@@ -10,10 +10,14 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..errors import RemoteProtocolError, RequestError
+from ..errors import ProtocolError, RemoteProtocolError, RequestError
 from .codes import ErrorCode
 
 PROTOCOL_VERSION = 1
+# The defaults of `open` (section 4), written once: the backends and the client reuse them.
+DEFAULT_ROWS = 24
+DEFAULT_COLS = 80
+DEFAULT_TERM = "xterm-256color"
 
 Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
@@ -41,9 +45,9 @@ class Hello(Message, tag="hello"):
 class Open(Message, tag="open"):
     argv: list[str] = []
     pty: bool = True
-    rows: Dimension = 24
-    cols: Dimension = 80
-    term: str = "xterm-256color"
+    rows: Dimension = DEFAULT_ROWS
+    cols: Dimension = DEFAULT_COLS
+    term: str = DEFAULT_TERM
     env: dict[str, str] = {}
     cwd: str | None = None
 
@@ -66,6 +70,8 @@ class Cancel(Message, tag="cancel"):
 
 
 class Window(Message, tag="window"):
+    """Credit: output credit from a client (CTRL_IN), STDIN credit from a server (CTRL_OUT)."""
+
     bytes: ChannelCredit
 
 
@@ -96,17 +102,18 @@ class Error(Message, tag="error"):
     errno: int | None = None
     retriable: bool | None = None  # always sent by this server; None only from peers that omit it
     retry_after_ms: int | None = None
+    channel: int | None = None  # channel_in_use on channel 0 names the ended channel
 
 
 ClientMessage = Hello | Open | Resize | Signal | Eof | Cancel | Window
-ServerMessage = Welcome | Opened | Exit | Error
+ServerMessage = Welcome | Opened | Exit | Error | Window
 
 CLIENT_MESSAGES: dict[str, type[Message]] = {
     "hello": Hello, "open": Open, "resize": Resize, "signal": Signal,
     "eof": Eof, "cancel": Cancel, "window": Window,
 }
 SERVER_MESSAGES: dict[str, type[Message]] = {
-    "welcome": Welcome, "opened": Opened, "exit": Exit, "error": Error,
+    "welcome": Welcome, "opened": Opened, "exit": Exit, "error": Error, "window": Window,
 }
 
 _encoder = msgspec.json.Encoder()
@@ -147,3 +154,18 @@ def convert_message(
         return msgspec.convert(obj, cls)
     except msgspec.ValidationError as exc:
         raise RequestError(ErrorCode.BAD_REQUEST, f"invalid {kind!r} message: {exc}") from exc
+
+
+def error_message(error: RequestError | ProtocolError, channel: int | None = None) -> Error:
+    """The wire form of a refusal (``channel`` names the id for channel_in_use on channel 0)."""
+    if isinstance(error, RequestError):
+        return Error(code=str(error.code), message=error.message, errno=error.errno,
+                     retriable=error.retriable, retry_after_ms=error.retry_after_ms,
+                     channel=channel)
+    return Error(code=str(error.code), message=error.message, retriable=False)
+
+
+def request_error(error: Error) -> RequestError:
+    """A received `error` as the exception a client raises."""
+    return RequestError(error.code, error.message, errno=error.errno,
+                        retry_after_ms=error.retry_after_ms, retriable=bool(error.retriable))
