@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .backends.kinds import BackendKind
 from .errors import ConfigError, UsageError
 from .protocol.frames import DEFAULT_MAX_FRAME
 from .settings import (
@@ -58,6 +59,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     linger: Seconds = DEFAULT_LINGER
     shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT
     journal: str | None = None
+    spawn: BackendKind = "auto"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("linger", "output drain grace after a process exits, seconds (default 2)", "S"),
     Option("shutdown_timeout", "graceful shutdown watchdog, seconds (default 30)", "S"),
     Option("journal", "append session records to this file (fsync'd JSON lines)", "FILE"),
+    Option("spawn", "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), "
+           "portable (ptyprocess and subprocess, any POSIX system) or auto (the default)",
+           "KIND"),
 )
 
 

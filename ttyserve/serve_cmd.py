@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shlex
 import signal
 import ssl
@@ -15,7 +14,7 @@ import anyio
 
 from .addresses import Address, default_address, is_loopback, parse_address
 from .auth import Access
-from .backends.spawn import spawn_supported
+from .backends.kinds import make_backend, unavailable_reason
 from .config import ServeConfig
 from .credentials import read_token, tls_context
 from .errors import AddressError, ConfigError, LeaseError, ListenError
@@ -27,19 +26,6 @@ from .server import Server, login_shell
 from .settings import ServerSettings
 
 log = logging.getLogger("ttyserve")
-
-
-def pty_supported() -> bool:
-    """Whether this platform can allocate a PTY and spawn into it."""
-    if not spawn_supported():
-        return False
-    try:
-        master, slave = os.openpty()
-    except OSError:
-        return False
-    os.close(master)
-    os.close(slave)
-    return True
 
 
 def _announce(address: Address) -> None:
@@ -121,7 +107,8 @@ async def _serve(config: ServeConfig) -> int:
             with _held(leases, journal):
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
-        server = Server(settings, journal=journal, tls=tls)
+        server = Server(settings, make_backend(config.spawn, settings.default_cwd),
+                        journal=journal, tls=tls)
 
         async def watch_signals() -> None:
             async for signum in signals:
@@ -146,7 +133,8 @@ async def _serve(config: ServeConfig) -> int:
 
 def serve_main(config: ServeConfig) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="ttyserve: %(message)s")
-    if not pty_supported():
-        log.error("this platform cannot serve: no PTY or posix_spawn support (Linux only)")
+    reason = unavailable_reason(config.spawn)
+    if reason is not None:
+        log.error("this platform cannot serve: %s", reason)
         return ServeExit.UNAVAILABLE
     return anyio.run(_serve, config)

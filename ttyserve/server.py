@@ -23,7 +23,7 @@ from anyio.streams.tls import TLSStream
 from .addresses import Address
 from .auth import Gate, peer_of
 from .backends.base import Backend
-from .backends.local import LocalBackend
+from .backends.local import ChildBackend, LocalBackend
 from .handler import ConnectionHandler
 from .journal import Journal
 from .protocol.server import ServerConnection
@@ -84,7 +84,7 @@ class Server:
         ensure_children_reapable()
         backend = self.registry.backend
         async with anyio.create_task_group() as maintenance:
-            if self.reap_orphans and isinstance(backend, LocalBackend):
+            if self.reap_orphans and isinstance(backend, ChildBackend):
                 maintenance.start_soon(backend.reap_orphans)
             async with self.registry.running():
                 drained = await self._serve(listeners, on_listening)

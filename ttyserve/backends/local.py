@@ -1,8 +1,9 @@
-"""Processes on this host, under a PTY or plain pipes, reaped through pidfds.
+"""Processes on this host, under a PTY or plain pipes: the handles, and the posix_spawn backend.
 
-Each child is awaited with a pidfd (no thread per child, unlike asyncio's
-default child watcher on 3.11), and every descriptor is non-blocking and
-owned here until `aclose`.
+Each child is awaited through a watch (a pidfd where the kernel has them: no
+thread per child, unlike asyncio's default child watcher on 3.11), and every
+descriptor is non-blocking and owned here until `aclose`. `ChildBackend` is
+what every backend of children of this server shares (see portable.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import struct
 import termios
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import anyio
@@ -24,12 +26,16 @@ from .base import ProcessSpec
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
+from .watch import ExitWatch, WatchFactory, open_exit_watch
 
 PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
 _PIPE_DEFAULT = 64 * 1024
+_CAN_GROW = hasattr(fcntl, "F_SETPIPE_SZ")  # Linux only
 _SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
 KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
 _POLL = 0.02  # group members that are not our children can only be polled
+
+OnReaped = Callable[[int, Exit], None]  # (pid, status) of a session leader just reaped
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
@@ -48,7 +54,7 @@ class FdSource:
     def __init__(self, fd: int, growable: bool = False) -> None:
         self.fd = fd
         self.eof = False
-        self._growable = growable
+        self._growable = growable and _CAN_GROW
 
     def _read(self, limit: int) -> bytes | None:
         """Up to ``limit`` bytes now; None when nothing is buffered."""
@@ -85,18 +91,26 @@ class FdSource:
         return self.eof
 
     async def wait_readable(self) -> None:
+        """Raises anyio.ClosedResourceError if the process is closed meanwhile."""
         if not self.eof:
             await anyio.wait_readable(self.fd)
 
     def receive_nowait(self, limit: int) -> bytes:
+        """Raises OSError on a read error other than a PTY's EIO (its end-of-file)."""
         return self._read(limit) or b""
 
 
 class LocalProcess:
-    """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind."""
+    """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind.
+
+    ``live`` is the backend's set of unreaped session leaders (the orphan reaper
+    leaves them alone); ``on_reaped`` is told the pid and status once, when they
+    are known; ``watch`` makes what wakes `wait` (a pidfd, else polling).
+    """
 
     def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
-                 live: set[int], on_reaped: Callable[[], None] | None = None) -> None:
+                 live: set[int], on_reaped: OnReaped | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
         self.pid = pid
         self._live = live
         self._on_reaped = on_reaped
@@ -105,14 +119,13 @@ class LocalProcess:
         self.stderr = stderr
         self._stdin_fd: int | None = stdin_fd
         self._status: Exit | None = None
-        self._pidfd: int | None = None
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except ProcessLookupError as exc:  # already reaped behind our back (SIGCHLD ignored)
-            self._status = exit_from_wait_error(exc)
-            live.discard(pid)
+        self._watch: ExitWatch | None = None
         self._wait_lock = anyio.Lock()
         self._closed = False
+        try:
+            self._watch = watch(pid)
+        except ProcessLookupError as exc:  # already reaped behind our back (SIGCHLD ignored)
+            self._reaped(exit_from_wait_error(exc))
 
     # --- status -------------------------------------------------------------
 
@@ -121,21 +134,24 @@ class LocalProcess:
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         return status if pid else None
 
+    def _reaped(self, status: Exit) -> None:
+        self._status = status
+        self._live.discard(self.pid)
+        if self._on_reaped is not None:
+            self._on_reaped(self.pid, status)
+
     async def wait(self) -> Exit:
         async with self._wait_lock:
             while self._status is None:
-                assert self._pidfd is not None
-                await anyio.wait_readable(self._pidfd)
+                assert self._watch is not None
+                await self._watch.wait()
                 try:
                     raw = self._collect_status()
                 except OSError as exc:
-                    self._status = exit_from_wait_error(exc)
+                    self._reaped(exit_from_wait_error(exc))
                 else:
                     if raw is not None:
-                        self._status = exit_from_wait_status(raw)
-            self._live.discard(self.pid)
-            if self._on_reaped is not None:
-                self._on_reaped()
+                        self._reaped(exit_from_wait_status(raw))
             return self._status
 
     @property
@@ -208,14 +224,14 @@ class LocalProcess:
             if not self.returned:
                 await self.end_group()
             self._closed = True
+            if self._watch is not None:
+                self._watch.close()
             for fd in self._fds():
                 anyio.notify_closing(fd)
                 os.close(fd)
 
     def _fds(self) -> list[int]:
         fds = {self.stdout.fd}
-        if self._pidfd is not None:
-            fds.add(self._pidfd)
         if self.stderr is not None:
             fds.add(self.stderr.fd)
         if self._stdin_fd is not None:
@@ -232,8 +248,9 @@ class PtyProcess(LocalProcess):
     """stdio is a terminal; the master is both the input and the output."""
 
     def __init__(self, pid: int, master: int, live: set[int],
-                 on_reaped: Callable[[], None] | None = None) -> None:
-        super().__init__(pid, master, FdSource(master), None, live, on_reaped)
+                 on_reaped: OnReaped | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
+        super().__init__(pid, master, FdSource(master), None, live, on_reaped, watch=watch)
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
@@ -252,7 +269,7 @@ class PtyProcess(LocalProcess):
 
     def _fds(self) -> list[int]:
         self._stdin_fd = None
-        return sorted({self._master} | ({self._pidfd} if self._pidfd is not None else set()))
+        return [self._master]
 
 
 class BaseEnvironment:
@@ -281,16 +298,23 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-class LocalBackend:
-    """Runs sessions as children of this server process."""
+class ChildBackend(ABC):
+    """Runs sessions as children of this server; subclasses say how a child is started.
+
+    Shared by every such backend: the cwd and PATH checks (so spawn errors carry
+    the same errno), the environment, the set of live session leaders, and the
+    reaping of orphans they leave behind.
+    """
 
     pipe_process: type[PipeProcess] = PipeProcess
     pty_process: type[PtyProcess] = PtyProcess
 
-    def __init__(self, default_cwd: str | None = None) -> None:
+    def __init__(self, default_cwd: str | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
         self.default_cwd = default_cwd or os.getcwd()
         self.environment = BaseEnvironment()
         self.live: set[int] = set()  # session leaders not yet reaped
+        self.watch = watch
         self._adopting = False
 
     async def reap_orphans(self) -> None:
@@ -302,7 +326,7 @@ class LocalBackend:
             finally:
                 self._adopting = False
 
-    def _leader_reaped(self) -> None:
+    def _leader_reaped(self, pid: int, status: Exit) -> None:
         # A SIGCHLD pass stops at a leader that its session had not reaped yet;
         # orphans queued behind it are reaped now.
         if self._adopting:
@@ -315,23 +339,13 @@ class LocalBackend:
         return resolve_executable(spec.argv[0], path, cwd), env, cwd
 
     async def spawn(self, spec: ProcessSpec) -> LocalProcess:
+        """Start ``spec``; raises errors.SpawnError with an errno on failure."""
         executable, env, cwd = self._prepare(spec)
-        if spec.pty:
-            return self._spawn_pty(spec, executable, env, cwd)
-        return self._spawn_pipe(spec, executable, env, cwd)
-
-    def _spawn_pty(self, spec: ProcessSpec, executable: str, env: list[bytes],
-                   cwd: str) -> PtyProcess:
-        master, slave = os.openpty()
-        try:
-            set_window_size(slave, spec.rows, spec.cols)
-            pid = spawn(executable, spec.argv, env, cwd, Stdio(tty_path=os.ttyname(slave)))
-        except BaseException:
-            _close_all([master, slave])
-            raise
-        os.close(slave)
+        if not spec.pty:
+            return self._spawn_pipe(spec, executable, env, cwd)
+        pid, master = self._start_on_terminal(spec, executable, env, cwd)
         os.set_blocking(master, False)
-        return self.pty_process(pid, master, self.live, self._leader_reaped)
+        return self.pty_process(pid, master, self.live, self._leader_reaped, watch=self.watch)
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
                     cwd: str) -> PipeProcess:
@@ -341,7 +355,7 @@ class LocalBackend:
                 fds.extend(os.pipe())
             stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = fds
             child_ends = [stdin_r, stdout_w, stderr_w]
-            pid = spawn(executable, spec.argv, env, cwd, Stdio(fds=(stdin_r, stdout_w, stderr_w)))
+            pid = self._start_on_pipes(spec, executable, env, cwd, (stdin_r, stdout_w, stderr_w))
         except BaseException:
             _close_all(fds)
             raise
@@ -349,5 +363,37 @@ class LocalBackend:
         for fd in (stdin_w, stdout_r, stderr_r):
             os.set_blocking(fd, False)
         return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
-                                 FdSource(stderr_r, growable=True), self.live, self._leader_reaped)
+                                 FdSource(stderr_r, growable=True), self.live, self._leader_reaped,
+                                 watch=self.watch)
 
+    @abstractmethod
+    def _start_on_terminal(self, spec: ProcessSpec, executable: str, env: list[bytes],
+                           cwd: str) -> tuple[int, int]:
+        """Start ``executable`` as the leader of a new session whose controlling terminal is
+        a new PTY of ``spec``'s size; (pid, master). Raises SpawnError."""
+
+    @abstractmethod
+    def _start_on_pipes(self, spec: ProcessSpec, executable: str, env: list[bytes], cwd: str,
+                        stdio: tuple[int, int, int]) -> int:
+        """Start ``executable`` with ``stdio`` as fds 0-2, leading a new session; its pid.
+        Raises SpawnError."""
+
+
+class LocalBackend(ChildBackend):
+    """The fast path: children started by posix_spawn with no Python code in the child."""
+
+    def _start_on_terminal(self, spec: ProcessSpec, executable: str, env: list[bytes],
+                           cwd: str) -> tuple[int, int]:
+        master, slave = os.openpty()
+        try:
+            set_window_size(slave, spec.rows, spec.cols)
+            pid = spawn(executable, spec.argv, env, cwd, Stdio(tty_path=os.ttyname(slave)))
+        except BaseException:
+            _close_all([master, slave])
+            raise
+        os.close(slave)
+        return pid, master
+
+    def _start_on_pipes(self, spec: ProcessSpec, executable: str, env: list[bytes], cwd: str,
+                        stdio: tuple[int, int, int]) -> int:
+        return spawn(executable, spec.argv, env, cwd, Stdio(fds=stdio))

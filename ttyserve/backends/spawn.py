@@ -7,6 +7,12 @@ under `nohup` must not hand out an ignored SIGHUP), and exec failures reported
 with their errno. glibc's posix_spawn does all of that in a vfork-style child
 that runs no Python code, so it is safe in a threaded process and fast; os.posix_spawn
 lacks only the chdir file action, so we call libc directly.
+
+Descriptors: with glibc 2.34+ the child closes every descriptor from 3 up
+(posix_spawn_file_actions_addclosefrom_np). With glibc 2.29-2.33 only those
+marked close-on-exec are closed at exec; Python opens every descriptor that
+way (PEP 446), so only one made inheritable on purpose (os.set_inheritable)
+would reach the child there. `closes_every_descriptor` says which holds.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import SpawnError
 
@@ -38,13 +45,42 @@ class Stdio:
     fds: tuple[int, int, int] | None = None
 
 
+_P = ctypes.c_void_p  # posix_spawnattr_t *, posix_spawn_file_actions_t *, sigset_t *
+_INT = ctypes.c_int
+# The prototype of every libc function called here: (argument types, result type).
+_PROTOTYPES: dict[str, tuple[list[Any], Any]] = {
+    "posix_spawn": ([ctypes.POINTER(_INT), ctypes.c_char_p, _P, _P,
+                     ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)], _INT),
+    "posix_spawn_file_actions_init": ([_P], _INT),
+    "posix_spawn_file_actions_destroy": ([_P], _INT),
+    "posix_spawn_file_actions_addchdir_np": ([_P, ctypes.c_char_p], _INT),
+    "posix_spawn_file_actions_addopen": ([_P, _INT, ctypes.c_char_p, _INT, ctypes.c_uint], _INT),
+    "posix_spawn_file_actions_adddup2": ([_P, _INT, _INT], _INT),
+    "posix_spawn_file_actions_addclosefrom_np": ([_P, _INT], _INT),  # glibc 2.34+
+    "posix_spawnattr_init": ([_P], _INT),
+    "posix_spawnattr_setsigdefault": ([_P, _P], _INT),
+    "posix_spawnattr_setsigmask": ([_P, _P], _INT),
+    "posix_spawnattr_setflags": ([_P, ctypes.c_short], _INT),
+    "sigfillset": ([_P], _INT),
+    "sigemptyset": ([_P], _INT),
+}
+_OPTIONAL = {"posix_spawn_file_actions_addclosefrom_np"}
+
+
 def _load_libc() -> ctypes.CDLL | None:
+    """glibc with every function above declared, or None where one that is needed lacks."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)
-    needed = ("posix_spawn", "posix_spawn_file_actions_addchdir_np",
-              "posix_spawnattr_setsigdefault")
-    return libc if all(hasattr(libc, name) for name in needed) else None
+    for name, (argtypes, restype) in _PROTOTYPES.items():
+        if not hasattr(libc, name):
+            if name in _OPTIONAL:
+                continue
+            return None  # glibc before 2.29 has no addchdir_np
+        function = getattr(libc, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return libc
 
 
 _libc = _load_libc()
@@ -56,9 +92,22 @@ def spawn_supported() -> bool:
     return _libc is not None
 
 
+def closes_every_descriptor() -> bool:
+    """Whether `spawn` closes descriptors 3 and up even when inheritable (glibc 2.34+)."""
+    return _HAS_CLOSEFROM
+
+
 def _check(result: int, what: str) -> None:
+    """posix_spawn* return an errno."""
     if result != 0:
         raise SpawnError(result, f"{what}: {os.strerror(result)}")
+
+
+def _check_errno(result: int, what: str) -> None:
+    """sigfillset and sigemptyset return -1 and set errno."""
+    if result != 0:
+        code = ctypes.get_errno()
+        raise SpawnError(code, f"{what}: {os.strerror(code)}")
 
 
 def resolve_executable(name: str, path: str, cwd: str) -> str:
@@ -112,8 +161,10 @@ def spawn(
 
     ``env`` holds `KEY=VALUE` entries (see `encode_environment`).
     With ``stdio.tty_path`` the child opens the terminal as fds 0-2 after
-    setsid(), which makes it the controlling terminal. All other descriptors
-    are closed in the child.
+    setsid(), which makes it the controlling terminal. Descriptors from 3 up are
+    closed in the child where glibc has addclosefrom_np; elsewhere only those
+    marked close-on-exec are (see the module docstring). Raises SpawnError
+    with the errno of a failed exec or chdir.
     """
     if _libc is None:
         raise SpawnError(errnos.ENOSYS, "posix_spawn with chdir is not available here")
@@ -156,9 +207,9 @@ def _attributes(libc: ctypes.CDLL) -> ctypes.Array[ctypes.c_char]:
         attr = ctypes.create_string_buffer(_OPAQUE_SIZE)
         sigset = ctypes.create_string_buffer(_OPAQUE_SIZE)
         _check(libc.posix_spawnattr_init(attr), "spawn attributes")
-        libc.sigfillset(sigset)
+        _check_errno(libc.sigfillset(sigset), "sigfillset")
         _check(libc.posix_spawnattr_setsigdefault(attr, sigset), "signal defaults")
-        libc.sigemptyset(sigset)
+        _check_errno(libc.sigemptyset(sigset), "sigemptyset")
         _check(libc.posix_spawnattr_setsigmask(attr, sigset), "signal mask")
         _check(libc.posix_spawnattr_setflags(
             attr, ctypes.c_short(_SETSID | _SETSIGDEF | _SETSIGMASK)), "flags")
