@@ -302,13 +302,15 @@ class Connection:
         self._fail(ConnectionLost("send failed: the connection broke"))
 
     async def _read_loop(self) -> None:
+        core = self._core
         try:
             while True:
                 try:
                     data = await self._transport.receive(READ_SIZE)
                 except anyio.EndOfStream:
                     break
-                for event in self._core.receive_data(data):
+                core.receive_data(data)
+                while (event := core.next_event()) is not None:
                     await self._dispatch(event)
             self._fail(ConnectionLost("the server closed the connection"))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:

@@ -193,10 +193,13 @@ class Session:
 
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
         # Credit is checked and spent with no await in between (two pumps share it),
-        # and no credit is held while waiting for output.
+        # and no credit is held while waiting for output. Without credit one byte may be
+        # read ahead and held: that is how the pump learns of end-of-file (and lets the
+        # exit go) when the output ended exactly at the edge of the window.
         sink = self.sink
         assert sink is not None
         reading = _Reading()
+        held = b""
         try:
             with anyio.CancelScope() as scope:
                 self._readers.append((scope, reading))
@@ -204,9 +207,17 @@ class Session:
                     reading.now = True  # only a wait may be cut short by the linger
                     limit = sink.limit()
                     if not limit:
-                        await sink.wait_credit()
+                        if held:
+                            await sink.wait_credit()
+                        elif not (held := source.receive_nowait(1)):
+                            if source.at_eof:
+                                return
+                            await source.wait_readable()
                         continue
-                    data = source.receive_nowait(limit)
+                    if held:
+                        data, held = held + source.receive_nowait(limit - len(held)), b""
+                    else:
+                        data = source.receive_nowait(limit)
                     if not data:
                         if source.at_eof:
                             return
@@ -217,8 +228,10 @@ class Session:
                     await sink.send_output(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
             while not (limit := sink.limit()):
+                if not held and not (held := source.receive_nowait(1)):
+                    return
                 await sink.wait_credit()
-            data = source.receive_nowait(limit)
+            data = held + source.receive_nowait(limit - len(held))
             if data:
                 self.bytes_out += len(data)
                 await sink.send_output(kind, data)

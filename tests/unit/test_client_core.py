@@ -7,6 +7,7 @@ import pytest
 from ttyserve.errors import LocalProtocolError, RemoteProtocolError
 from ttyserve.protocol.client import (
     ClientConnection,
+    ClientEvent,
     ErrorReceived,
     ExitReceived,
     OpenedReceived,
@@ -41,13 +42,22 @@ def data(channel: int, payload: bytes, kind: FrameKind = FrameKind.STDOUT) -> by
 WELCOME = out(0, Welcome(protocol=1, server="s", max_frame=1 << 20, window=50))
 
 
+def feed(core: ClientConnection, received: bytes) -> list[ClientEvent]:
+    """Every event ``received`` makes (RemoteProtocolError at the first broken rule)."""
+    core.receive_data(received)
+    events = []
+    while (event := core.next_event()) is not None:
+        events.append(event)
+    return events
+
+
 def client(window: int | None = None, pty: bool = False, *channels: int) -> ClientConnection:
     core = ClientConnection()
     core.hello(Hello(protocol=1, multiplex=True, window=window))
-    core.receive_data(WELCOME)
+    feed(core, WELCOME)
     for channel in channels:
         core.open(channel, Open(pty=pty))
-        core.receive_data(out(channel, Opened(pid=channel)))
+        feed(core, out(channel, Opened(pid=channel)))
     return core
 
 
@@ -55,7 +65,7 @@ def test_a_session_from_welcome_to_exit() -> None:
     core = ClientConnection()
     core.hello(Hello(protocol=1))
     core.open(1, Open(pty=False))
-    events = core.receive_data(WELCOME + out(1, Opened(pid=4)) + data(1, b"o")
+    events = feed(core, WELCOME + out(1, Opened(pid=4)) + data(1, b"o")
                                + data(1, b"e", FrameKind.STDERR) + out(1, b'{"type":"new"}')
                                + out(1, Exit(code=0)))
     assert [type(e) for e in events] == [WelcomeReceived, OpenedReceived, OutputReceived,
@@ -75,7 +85,7 @@ def test_a_session_from_welcome_to_exit() -> None:
 def test_server_rule_breaking_is_a_remote_protocol_error(frames: bytes, match: str) -> None:
     core = client(None, False, 1)
     with pytest.raises(RemoteProtocolError, match=match):
-        core.receive_data(frames)
+        feed(core, frames)
 
 
 def test_output_before_opened_and_exit_before_opened_are_errors() -> None:
@@ -83,30 +93,30 @@ def test_output_before_opened_and_exit_before_opened_are_errors() -> None:
         core = client()
         core.open(1, Open())
         with pytest.raises(RemoteProtocolError, match=r"opened|opening"):
-            core.receive_data(frame)
+            feed(core, frame)
 
 
 def test_stderr_of_a_pty_session_is_an_error() -> None:
     core = client(None, True, 1)
     with pytest.raises(RemoteProtocolError, match="PTY"):
-        core.receive_data(data(1, b"x", FrameKind.STDERR))
+        feed(core, data(1, b"x", FrameKind.STDERR))
 
 
 def test_output_beyond_the_granted_credit_is_an_error() -> None:
     core = client(10, False, 1)
-    core.receive_data(data(1, b"x" * 10))
+    feed(core, data(1, b"x" * 10))
     core.control(1, Window(bytes=5))
-    core.receive_data(data(1, b"y" * 5, FrameKind.STDERR))
-    assert core.receive_data(out(1, Exit(code=0))) == [ExitReceived(1, Exit(code=0))]
+    feed(core, data(1, b"y" * 5, FrameKind.STDERR))
+    assert feed(core, out(1, Exit(code=0))) == [ExitReceived(1, Exit(code=0))]
     core = client(10, False, 1)
     with pytest.raises(RemoteProtocolError, match="beyond the credit"):
-        core.receive_data(data(1, b"x" * 11))
+        feed(core, data(1, b"x" * 11))
 
 
 def test_frames_for_a_channel_we_cancelled_are_dropped_silently() -> None:
     core = client(10, False, 1)
     assert core.cancel(1)
-    assert core.receive_data(data(1, b"x" * 100) + out(1, Exit(code=0))) == []
+    assert feed(core, data(1, b"x" * 100) + out(1, Exit(code=0))) == []
     assert core.cancel(1) == b""
 
 
@@ -114,18 +124,18 @@ def test_a_refused_open_ends_the_channel() -> None:
     core = client()
     core.open(1, Open())
     error = Error(code="busy", message="full", retriable=True)
-    assert core.receive_data(out(1, error)) == [OpenRefused(1, error)]
+    assert feed(core, out(1, error)) == [OpenRefused(1, error)]
     with pytest.raises(RemoteProtocolError):
-        core.receive_data(out(1, Opened(pid=1)))
+        feed(core, out(1, Opened(pid=1)))
 
 
 def test_channel_in_use_on_channel_0_refuses_the_named_open() -> None:
     core = client()
     core.open(3, Open())
     error = Error(code="channel_in_use", message="used", retriable=False, channel=3)
-    assert core.receive_data(out(0, error)) == [OpenRefused(3, error)]
+    assert feed(core, out(0, error)) == [OpenRefused(3, error)]
     other = Error(code="busy", message="too many connections", retriable=True)
-    assert core.receive_data(out(0, other)) == [ErrorReceived(0, other)]
+    assert feed(core, out(0, other)) == [ErrorReceived(0, other)]
 
 
 def test_stdin_credit_waits_for_welcome_and_grants() -> None:
@@ -133,12 +143,12 @@ def test_stdin_credit_waits_for_welcome_and_grants() -> None:
     core.hello(Hello(protocol=1, multiplex=True, window=1000))
     core.open(1, Open())
     assert core.stdin_credit(1) == 0  # the window is not known before `welcome`
-    core.receive_data(WELCOME + out(1, Opened(pid=1)))
+    feed(core, WELCOME + out(1, Opened(pid=1)))
     assert core.stdin_credit(1) == 50
     core.stdin(1, b"x" * 50)
     with pytest.raises(LocalProtocolError, match="exceed its credit"):
         core.stdin(1, b"y")
-    assert core.receive_data(out(1, Window(bytes=20))) == [StdinCreditGranted(1)]
+    assert feed(core, out(1, Window(bytes=20))) == [StdinCreditGranted(1)]
     assert core.stdin_credit(1) == 20
 
 
@@ -156,3 +166,13 @@ def test_requests_the_protocol_forbids_are_refused_locally() -> None:
         client().open(0, Open())
     with pytest.raises(LocalProtocolError, match="not live"):
         core.stdin(5, b"x")
+
+
+def test_events_before_a_broken_rule_are_handed_out_first() -> None:
+    core = client(None, False, 1)
+    core.receive_data(out(1, Exit(code=0)) + data(1, b"late"))
+    assert core.next_event() == ExitReceived(1, Exit(code=0))
+    with pytest.raises(RemoteProtocolError, match="after its last frame"):
+        core.next_event()
+    with pytest.raises(RemoteProtocolError):  # and the connection stays broken
+        core.next_event()

@@ -86,7 +86,9 @@ class CoresMachine(RuleBasedStateMachine):
         data = b"".join(bytes(b) for b in self.server.data_to_send())
         self.checker.feed(FrameDecoder(1 << 20).feed(data), self.expected)
         self.expected = []
-        self.client.receive_data(data)  # raises RemoteProtocolError if a rule was broken
+        self.client.receive_data(data)
+        while self.client.next_event() is not None:  # RemoteProtocolError if a rule was broken
+            pass
 
     def flush(self) -> None:
         """Feed the batch of client frames to the server, acting as the handler does."""

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from ..errors import LocalProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Step, next_state
 from .codes import ErrorCode
-from .frames import DEFAULT_MAX_FRAME, SERVER_KINDS, FrameDecoder, FrameKind, encode_frame
+from .frames import (
+    DEFAULT_MAX_FRAME,
+    SERVER_KINDS,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    encode_frame,
+)
 from .messages import (
     SERVER_MESSAGES,
     Cancel,
@@ -97,6 +104,8 @@ class ClientConnection:
         self.hello_sent: Hello | None = None
         self.welcome: Welcome | None = None
         self._ended_by_server: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._frames: collections.deque[Frame] = collections.deque()
+        self.error: RemoteProtocolError | None = None  # the server broke the protocol
 
     # --- requests ---------------------------------------------------------------
 
@@ -163,26 +172,39 @@ class ClientConnection:
 
     # --- what the server sends ------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[ClientEvent]:
-        """Feed received bytes; the events in order. Unknown message types are ignored.
+    def receive_data(self, data: bytes) -> None:
+        """Feed received bytes; take the events out with `next_event`."""
+        if self.error is None:
+            self._frames.extend(self._decoder.feed(data))
 
-        Raises RemoteProtocolError (after the events before the offending frame
-        were returned by earlier calls) when the server broke the protocol.
+    def next_event(self) -> ClientEvent | None:
+        """The next event, or None until more data comes; unknown message types are skipped.
+
+        Raises RemoteProtocolError at the first frame that breaks the protocol (the
+        events before it were handed out), and again on every later call.
         """
-        events: list[ClientEvent] = []
-        for frame in self._decoder.feed(data):
-            if frame.kind not in SERVER_KINDS:
-                raise RemoteProtocolError(f"frame kind {frame.kind.name} is not sent by servers")
-            if self.welcome is None and frame.channel != 0:
-                raise RemoteProtocolError(f"channel {frame.channel} before 'welcome'")
-            if frame.kind is FrameKind.CTRL_OUT:
-                event = self._control(frame.channel, frame.payload)
-            else:
-                event = self._output(frame.channel, frame.kind, frame.payload)
-            if event is not None:
-                events.append(event)
-        self._decoder.check()
-        return events
+        if self.error is not None:
+            raise self.error
+        try:
+            while self._frames:
+                frame = self._frames.popleft()
+                if frame.kind not in SERVER_KINDS:
+                    raise RemoteProtocolError(
+                        f"frame kind {frame.kind.name} is not sent by servers")
+                if self.welcome is None and frame.channel != 0:
+                    raise RemoteProtocolError(f"channel {frame.channel} before 'welcome'")
+                if frame.kind is FrameKind.CTRL_OUT:
+                    event = self._control(frame.channel, frame.payload)
+                else:
+                    event = self._output(frame.channel, frame.kind, frame.payload)
+                if event is not None:
+                    return event
+            self._decoder.check()
+        except RemoteProtocolError as exc:
+            self.error = exc
+            self._frames.clear()
+            raise
+        return None
 
     def _live(self, channel: int, what: str) -> Channel | None:
         """The channel's record; None when it ended on our side (the frame is dropped)."""

@@ -1,0 +1,188 @@
+"""The client library, under asyncio and under trio (anyio's pytest plugin runs each test twice).
+
+Against a real `ttyserve serve` subprocess, and, for a server that misbehaves,
+against a scripted peer on a real Unix socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from helpers import SH, ServerProcess
+
+from ttyserve import (
+    ConnectionLost,
+    RemoteProtocolError,
+    RequestError,
+    SessionCancelled,
+    connect,
+    run,
+)
+from ttyserve.protocol.codes import ErrorCode
+from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
+from ttyserve.protocol.messages import Exit, Opened, Welcome, encode_message
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    backend: str = request.param
+    return backend
+
+
+async def test_pipe_session_streams_and_status(server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0]) as conn:
+        session = await conn.spawn([SH, "-c", "echo out; echo err >&2; exit 5"], pty=False)
+        assert isinstance(session.pid, int)
+        chunks = [(c.stream, c.data) async for c in session]
+    assert sorted(chunks) == [("stderr", b"err\n"), ("stdout", b"out\n")]
+    assert session.status == Exit(code=5)
+
+
+async def test_run_feeds_input_and_captures_both_streams(server_process: ServerProcess) -> None:
+    payload = os.urandom(200_000)
+    result = await run([SH, "-c", "cat; printf e >&2; exit 2"], input=payload,
+                       address=server_process.addresses[0])
+    assert (result.returncode, result.stdout, result.stderr) == (2, payload, b"e")
+
+
+async def test_pty_session_keys_resize_and_eof(server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0]) as conn:
+        session = await conn.spawn([SH, "-c", "read line; stty size; echo got:$line"],
+                                   pty=True, rows=30, cols=90)
+        await session.resize(40, 100)
+        await session.send(b"hello\n")
+        out = b"".join([c.data async for c in session])
+    assert b"40 100" in out and b"got:hello" in out
+    assert session.status is not None and session.status.code == 0
+
+
+async def test_signal_death_is_minus_the_signal(server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0]) as conn:
+        session = await conn.spawn([SH, "-c", "echo ready; exec sleep 30"], pty=False)
+        assert (await session.receive()) is not None
+        await session.signal("TERM")
+        status = await session.wait()
+    assert (status.code, status.signal) == (-15, "TERM")
+
+
+async def test_a_refused_spawn_raises_request_error(server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0]) as conn:
+        with pytest.raises(RequestError) as info:
+            await conn.spawn(["no-such-command-x"], pty=False)
+    assert info.value.code == ErrorCode.SPAWN_FAILED
+    assert info.value.errno == errno.ENOENT and info.value.retriable is False
+
+
+async def test_a_cancelled_session_is_not_a_lost_connection(
+        server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0], multiplex=True) as conn:
+        session = await conn.spawn(["sleep", "30"], pty=False)
+        await session.cancel()
+        with pytest.raises(SessionCancelled):
+            await session.receive()
+        other = await conn.spawn(["true"], pty=False)  # the connection goes on
+        assert (await other.wait()).code == 0
+
+
+async def test_multiplexed_sessions_with_windows_both_ways(server_process: ServerProcess) -> None:
+    payload = os.urandom(3 << 20)
+    results: dict[int, bytes] = {}
+    async with connect(server_process.addresses[0], multiplex=True, window=128 * 1024) as conn:
+
+        async def echo(index: int) -> None:
+            session = await conn.spawn(["cat"], pty=False)
+            received = bytearray()
+            async with anyio.create_task_group() as tg:
+
+                async def feed() -> None:
+                    await session.send(payload)
+                    await session.eof()
+
+                tg.start_soon(feed)
+                async for chunk in session:
+                    received += chunk.data
+            results[index] = bytes(received)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(4):
+                tg.start_soon(echo, index)
+    assert results == dict.fromkeys(range(4), payload)
+
+
+# --- servers that misbehave -------------------------------------------------
+
+
+def server_frame(channel: int, message: object) -> bytes:
+    return encode_frame(FrameKind.CTRL_OUT, channel, encode_message(message))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def scripted_server(path: Path, script: Callable[[anyio.abc.SocketStream],
+                                                       Awaitable[None]]) -> AsyncIterator[str]:
+    """A peer on a real Unix socket that reads `hello` and `open`, then runs ``script``."""
+    listener = await anyio.create_unix_listener(path)
+
+    async def serve_one() -> None:
+        stream = await listener.accept()
+        async with stream:
+            decoder = FrameDecoder()
+            frames = []
+            while len(frames) < 2:
+                frames += decoder.feed(await stream.receive())
+            await script(stream)
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(serve_one)
+        yield f"unix:{path}"
+        tg.cancel_scope.cancel()
+
+
+WELCOME = server_frame(0, Welcome(protocol=1, server="scripted", max_frame=1 << 20))
+
+
+async def test_a_server_that_closes_mid_session_is_a_lost_connection(short_dir: Path) -> None:
+    async def script(stream: anyio.abc.SocketStream) -> None:
+        await stream.send(WELCOME + server_frame(1, Opened(pid=1)))
+
+    async with scripted_server(short_dir / "s.sock", script) as address, connect(
+            address) as conn:
+        session = await conn.spawn(["anything"], pty=False)
+        with pytest.raises(ConnectionLost):
+            await session.wait()
+
+
+async def test_a_server_that_overdraws_credit_is_a_protocol_error(short_dir: Path) -> None:
+    async def script(stream: anyio.abc.SocketStream) -> None:
+        await stream.send(WELCOME + server_frame(1, Opened(pid=1))
+                          + encode_frame(FrameKind.STDOUT, 1, b"x" * 1001))
+        await anyio.sleep_forever()
+
+    async with scripted_server(short_dir / "s.sock", script) as address, connect(
+            address, window=1000) as conn:
+        session = await conn.spawn(["anything"], pty=False)
+        with pytest.raises(RemoteProtocolError, match="credit"):
+            await session.wait()
+
+
+async def test_a_server_that_sends_after_exit_is_a_protocol_error(short_dir: Path) -> None:
+    async def script(stream: anyio.abc.SocketStream) -> None:
+        await stream.send(WELCOME + server_frame(1, Opened(pid=1)))
+        await stream.send(server_frame(1, Exit(code=0))
+                          + encode_frame(FrameKind.STDOUT, 1, b"late"))
+        await anyio.sleep_forever()
+
+    async with scripted_server(short_dir / "s.sock", script) as address, connect(
+            address, multiplex=True) as conn:
+        session = await conn.spawn(["anything"], pty=False)
+        assert (await session.wait()).code == 0  # the exit came first, and counts
+        with pytest.raises(RemoteProtocolError, match="after its last frame"):
+            await conn.spawn(["more"], pty=False)  # then the connection is broken
