@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from .client import CompletedSession, Connection, OutputChunk, Session, connect, run
 from .errors import (
     AddressError,
     ConfigError,
     ConnectionLost,
+    ErrorCode,
     LeaseError,
     ListenError,
     LocalProtocolError,
@@ -20,8 +19,8 @@ from .errors import (
     TtyserveError,
     UsageError,
 )
-from .protocol.codes import ErrorCode
 from .protocol.messages import Exit
+from .version import __version__
 
 ExitStatus = Exit
 

@@ -13,8 +13,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from .errors import RequestError
-from .protocol.codes import ErrorCode
+from .errors import ErrorCode, RequestError
 
 log = logging.getLogger("ttyserve")
 

@@ -7,11 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import __version__, config
+from . import config
 from .addresses import default_address, parse_address
 from .credentials import read_token
 from .errors import AddressError, ConfigError, UsageError
 from .exitcodes import ExecExit, ServeExit
+from .version import __version__
 
 DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients

@@ -24,7 +24,6 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from . import __version__
 from .addresses import Address, default_address, parse_address
 from .credentials import tls_context
 from .errors import ConnectionLost, RemoteProtocolError, RequestError, SessionCancelled
@@ -60,6 +59,7 @@ from .protocol.messages import (
     request_error,
 )
 from .transport import Transport, open_transport, send_all
+from .version import __version__
 
 READ_SIZE = 1 << 20
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits

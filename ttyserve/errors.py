@@ -1,4 +1,5 @@
-"""Every exception ttyserve raises on purpose, in one tree.
+"""Every error: the wire's error codes (protocol section 6), and every exception
+ttyserve raises on purpose, in one tree.
 
     TtyserveError                   catch this to catch anything ttyserve means to raise
     ├── ProtocolError               protocol v1 was broken
@@ -21,7 +22,25 @@ Foreign exceptions are translated once, where they enter (`from exc`).
 
 from __future__ import annotations
 
-from .protocol.codes import RETRIABLE, ErrorCode
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The `code` member of an `error` message (protocol section 6)."""
+
+    UNAUTHORIZED = "unauthorized"
+    UNSUPPORTED_PROTOCOL = "unsupported_protocol"
+    PROTOCOL_ERROR = "protocol_error"
+    BUSY = "busy"
+    SHUTTING_DOWN = "shutting_down"
+    BAD_REQUEST = "bad_request"
+    FORBIDDEN = "forbidden"
+    SPAWN_FAILED = "spawn_failed"
+    UNKNOWN_MESSAGE = "unknown_message"
+    CHANNEL_IN_USE = "channel_in_use"
+
+
+RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
 
 
 class TtyserveError(Exception):

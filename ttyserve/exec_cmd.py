@@ -27,9 +27,8 @@ from . import terminal
 from .addresses import Address
 from .client import Session, connect
 from .credentials import tls_context
-from .errors import ConfigError, ConnectionLost, RemoteProtocolError, RequestError
+from .errors import ConfigError, ConnectionLost, ErrorCode, RemoteProtocolError, RequestError
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
-from .protocol.codes import ErrorCode
 from .protocol.messages import Error, Exit, SignalName, error_message
 
 READ_SIZE = 64 * 1024

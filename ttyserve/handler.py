@@ -13,7 +13,6 @@ from collections.abc import Callable
 import anyio
 import anyio.abc
 
-from . import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
 from .errors import RemoteProtocolError, RequestError
@@ -31,6 +30,7 @@ from .protocol.server import (
 )
 from .registry import SessionRegistry, shutting_down
 from .transport import Transport
+from .version import __version__
 
 log = logging.getLogger("ttyserve")
 

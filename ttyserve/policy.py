@@ -6,8 +6,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-from .errors import RequestError
-from .protocol.codes import ErrorCode
+from .errors import ErrorCode, RequestError
 from .protocol.messages import Open
 
 # Variables that make a restricted command load code of the client's choosing.

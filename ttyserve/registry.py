@@ -17,9 +17,8 @@ import anyio
 import anyio.abc
 
 from .backends.base import Backend, ProcessSpec
-from .errors import RequestError
+from .errors import ErrorCode, RequestError
 from .journal import Journal, Reason
-from .protocol.codes import ErrorCode
 from .protocol.messages import Exit, Open
 from .session import Session
 from .settings import ServerSettings

@@ -25,7 +25,7 @@ from ttyserve import (
     connect,
     run,
 )
-from ttyserve.protocol.codes import ErrorCode
+from ttyserve.errors import ErrorCode
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Opened, Welcome, encode_message
 

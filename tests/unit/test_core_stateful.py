@@ -16,9 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ttyserve.errors import RequestError
+from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.protocol.client import ClientConnection
-from ttyserve.protocol.codes import ErrorCode
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind
 from ttyserve.protocol.messages import Exit, Hello, Open, Window, parse_object
 from ttyserve.protocol.server import OpenRequested, ServerConnection, StdinReceived

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ttyserve.errors import RETRIABLE, ErrorCode
 from ttyserve.exitcodes import ExecExit, ServeExit
-from ttyserve.protocol.codes import RETRIABLE, ErrorCode
 from ttyserve.protocol.frames import FrameKind
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

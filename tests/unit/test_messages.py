@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.errors import RemoteProtocolError as ProtocolError
-from ttyserve.errors import RequestError
-from ttyserve.protocol.codes import ErrorCode
 from ttyserve.protocol.messages import (
     CLIENT_MESSAGES,
     SERVER_MESSAGES,

@@ -8,9 +8,8 @@ import random
 import pytest
 from helpers import HELLO, ctrl
 
-from ttyserve.errors import LocalProtocolError, RemoteProtocolError, RequestError
+from ttyserve.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from ttyserve.protocol.channels import ChannelState
-from ttyserve.protocol.codes import ErrorCode
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Hello, Open, Resize, Window, parse_object
 from ttyserve.protocol.server import (

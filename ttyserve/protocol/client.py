@@ -12,9 +12,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from ..errors import LocalProtocolError, RemoteProtocolError, RequestError
+from ..errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Step, next_state
-from .codes import ErrorCode
 from .frames import (
     DEFAULT_MAX_FRAME,
     SERVER_KINDS,

@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..errors import ProtocolError, RemoteProtocolError, RequestError
-from .codes import ErrorCode
+from ..errors import ErrorCode, ProtocolError, RemoteProtocolError, RequestError
 
 PROTOCOL_VERSION = 1
 # The defaults of `open` (section 4), written once: the backends and the client reuse them.

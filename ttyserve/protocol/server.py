@@ -13,9 +13,8 @@ import collections
 import enum
 from dataclasses import dataclass
 
-from ..errors import LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
+from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Step
-from .codes import ErrorCode
 from .frames import (
     CLIENT_KINDS,
     DEFAULT_MAX_FRAME,
