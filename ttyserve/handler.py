@@ -75,6 +75,7 @@ class ConnectionHandler:
                     self.core.close(RemoteProtocolError(
                         f"no {'open' if self.core.hello else 'hello'} within "
                         f"{self._handshake_timeout:g} s"))
+                self.core.close()  # nothing more is framed: what is framed still goes out
                 for attachment in list(self.attachments.values()):
                     attachment.session.cancel()  # the client has gone: as `cancel` does
                 self.flush_nowait()

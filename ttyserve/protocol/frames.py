@@ -42,11 +42,6 @@ def encode_frame(kind: FrameKind, channel: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, channel, len(payload)) + payload
 
 
-def frame_header(kind: FrameKind, channel: int, length: int) -> bytes:
-    """The 9-byte header alone: the payload can then go out without being copied."""
-    return HEADER.pack(kind, channel, length)
-
-
 class FrameDecoder:
     """Incremental decoder: feed any split of the byte stream, take whole frames out.
 
