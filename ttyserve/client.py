@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,6 @@ from .protocol.messages import (
     Signal,
     SignalName,
     Welcome,
-    Window,
     request_error,
 )
 from .transport import Transport, open_transport, send_all
@@ -103,9 +103,13 @@ class Session:
         self._open_error: Exception | None = None
         self._send: MemoryObjectSendStream[_Item]
         self._receive: MemoryObjectReceiveStream[_Item]
-        self._send, self._receive = anyio.create_memory_object_stream[_Item](SESSION_QUEUE)
+        # With a window, credit bounds what waits here, and a session nobody reads must not
+        # stop the connection's reader (and so every other session); without one, the queue
+        # is what pushes back.
+        queue = math.inf if connection.window is not None else SESSION_QUEUE
+        self._send, self._receive = anyio.create_memory_object_stream[_Item](queue)
         self._cancelled = False
-        self._consumed = 0  # output taken since the last credit grant (with a window)
+        self._lost: Exception | None = None  # why the connection ended, once it has
         self._credit: anyio.Event | None = None  # made only when stdin has to wait
 
     # --- input --------------------------------------------------------------
@@ -192,7 +196,7 @@ class Session:
             try:
                 item = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise SessionCancelled("the session was cancelled") from None
+                raise self._lost or SessionCancelled("the session was cancelled") from None
             if isinstance(item, OutputChunk):
                 await self._grant(len(item.data))
                 return item
@@ -204,15 +208,11 @@ class Session:
             self.errors.append(item)
 
     async def _grant(self, size: int) -> None:
-        """Give back output credit once half the window was taken (protocol section 7)."""
-        window = self._connection.window
-        if window is None:
-            return
-        self._consumed += size
-        if self._consumed >= window // 2:
-            grant, self._consumed = self._consumed, 0
+        """Give back output credit as the output is taken (the core says when)."""
+        frame = self._connection._core.output_consumed(self.channel, size)
+        if frame:
             with contextlib.suppress(ConnectionLost, RemoteProtocolError):
-                await self._control(Window(bytes=grant))
+                await self._connection._write(frame)
 
     async def wait(self) -> Exit:
         """Discard remaining output and return the exit status."""
@@ -320,9 +320,9 @@ class Connection:
         finally:
             failure = self._failure or ConnectionLost("the connection was closed here")
             for session in list(self._sessions.values()):
+                session._lost = failure  # raised once what was received is taken
+                session._send.close()
                 session._credit_granted()
-                with anyio.CancelScope(shield=True):
-                    await session._deliver(failure)
 
     async def _dispatch(self, event: ClientEvent) -> None:
         if isinstance(event, OutputReceived):

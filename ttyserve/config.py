@@ -19,7 +19,9 @@ import msgspec
 
 from .backends.kinds import BackendKind
 from .errors import ConfigError, UsageError
+from .policy import DEFAULT_MAX_ARGV_BYTES, DEFAULT_MAX_CWD_BYTES, DEFAULT_MAX_ENV_BYTES
 from .protocol.frames import DEFAULT_MAX_FRAME
+from .protocol.messages import ChannelCredit
 from .settings import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_LINGER,
@@ -52,10 +54,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_sessions_per_connection: Positive = DEFAULT_MAX_SESSIONS_PER_CONNECTION
     handshake_timeout: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_HANDSHAKE_TIMEOUT
     max_frame: Annotated[int, msgspec.Meta(ge=4096, le=16 << 20)] = DEFAULT_MAX_FRAME
-    stdin_window: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)] = DEFAULT_STDIN_WINDOW
-    max_argv_bytes: Positive = 256 * 1024
-    max_env_bytes: Positive = 256 * 1024
-    max_cwd_bytes: Positive = 4096
+    stdin_window: ChannelCredit = DEFAULT_STDIN_WINDOW
+    max_argv_bytes: Positive = DEFAULT_MAX_ARGV_BYTES
+    max_env_bytes: Positive = DEFAULT_MAX_ENV_BYTES
+    max_cwd_bytes: Positive = DEFAULT_MAX_CWD_BYTES
     linger: Seconds = DEFAULT_LINGER
     shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT
     journal: str | None = None
@@ -90,28 +92,44 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_command", "glob a client's argv[0] must match (repeatable)", "PATTERN"),
     Option("allow_env", "glob of env names clients may set when commands are restricted "
            "(repeatable)", "PATTERN"),
-    Option("max_connections", "open connections at once (default 256)", "N"),
-    Option("max_sessions", "sessions at once, all connections (default 1024)", "N"),
-    Option("max_sessions_per_connection", "sessions at once on one connection (default 64)",
+    Option("max_connections", "open connections at once", "N"),
+    Option("max_sessions", "sessions at once, all connections", "N"),
+    Option("max_sessions_per_connection", "sessions at once on one connection",
            "N"),
-    Option("handshake_timeout", "seconds a client has for hello and open (default 10)", "S"),
-    Option("max_frame", "largest frame payload accepted, bytes (default 1 MiB)", "BYTES"),
-    Option("stdin_window", "STDIN credit per session on windowed connections, bytes "
-           "(default 1 MiB)", "BYTES"),
-    Option("max_argv_bytes", "largest argv of an open, bytes (default 256 KiB)", "BYTES"),
-    Option("max_env_bytes", "largest env of an open, bytes (default 256 KiB)", "BYTES"),
-    Option("max_cwd_bytes", "longest cwd of an open, bytes (default 4096)", "BYTES"),
-    Option("linger", "output drain grace after a process exits, seconds (default 2)", "S"),
-    Option("shutdown_timeout", "graceful shutdown watchdog, seconds (default 30)", "S"),
+    Option("handshake_timeout", "seconds a client has for hello and open", "S"),
+    Option("max_frame", "largest frame payload accepted, bytes", "BYTES"),
+    Option("stdin_window", "STDIN credit per session on windowed connections, bytes", "BYTES"),
+    Option("max_argv_bytes", "largest argv of an open, bytes", "BYTES"),
+    Option("max_env_bytes", "largest env of an open, bytes", "BYTES"),
+    Option("max_cwd_bytes", "longest cwd of an open, bytes", "BYTES"),
+    Option("linger", "output drain grace after a process exits, seconds", "S"),
+    Option("shutdown_timeout", "graceful shutdown watchdog, seconds", "S"),
     Option("journal", "append session records to this file (fsync'd JSON lines)", "FILE"),
     Option("spawn", "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), "
-           "portable (ptyprocess and subprocess, any POSIX system) or auto (the default)",
+           "portable (ptyprocess and subprocess, any POSIX system) or auto",
            "KIND"),
 )
 
 
 def _field_types() -> dict[str, Any]:
     return {f.name: f.type for f in msgspec.structs.fields(ServeConfig)}
+
+
+def _shown(value: object, metavar: str | None) -> str:
+    """A default as people read it: 1 MiB rather than 1048576."""
+    if metavar == "BYTES" and isinstance(value, int) and value >= 1024:
+        for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if value % size == 0:
+                return f"{value // size} {unit}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def help_text(option: Option) -> str:
+    """The option's help, with its default taken from ServeConfig (never retyped)."""
+    default = next(f.default for f in msgspec.structs.fields(ServeConfig) if f.name == option.key)
+    if default in (None, False, [], msgspec.NODEFAULT):
+        return option.help
+    return f"{option.help} (default {_shown(default, option.metavar)})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,14 +140,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kind = types[option.key]
         if kind is bool:
             parser.add_argument(option.flag, dest=option.key, action="store_true",
-                                default=argparse.SUPPRESS, help=option.help)
+                                default=argparse.SUPPRESS, help=help_text(option))
         elif str(kind).startswith("list"):
             parser.add_argument(option.flag, dest=option.key, action="append",
                                 default=argparse.SUPPRESS, metavar=option.metavar,
-                                help=option.help)
+                                help=help_text(option))
         else:
             parser.add_argument(option.flag, dest=option.key, default=argparse.SUPPRESS,
-                                metavar=option.metavar, help=option.help)
+                                metavar=option.metavar, help=help_text(option))
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, object]:

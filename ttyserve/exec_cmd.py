@@ -29,7 +29,7 @@ from .client import Session, connect
 from .credentials import tls_context
 from .errors import ConfigError, ConnectionLost, ErrorCode, RemoteProtocolError, RequestError
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
-from .protocol.messages import Error, Exit, SignalName, error_message
+from .protocol.messages import DEFAULT_TERM, Error, Exit, SignalName, error_message
 
 READ_SIZE = 64 * 1024
 BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
@@ -135,7 +135,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                     connect(options.address, token=options.token, tls=tls))
                 session = await conn.spawn(
                     options.argv, pty=pty, rows=size[0], cols=size[1],
-                    term=os.environ.get("TERM", "xterm-256color") if pty else "xterm-256color",
+                    term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
                     env=options.env, cwd=options.cwd)
             except (OSError, RequestError, ConnectionLost) as exc:
                 retriable, hint = _retriable(exc)
@@ -148,7 +148,8 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 await stack.aclose()
                 signum = await _sleep_unless_signalled(delay, signals)
                 if signum is not None:
-                    code = ExecExit.INTERRUPTED if signum == signal.SIGINT else 128 + signum
+                    code = (ExecExit.INTERRUPTED if signum == signal.SIGINT
+                            else ExecExit.SIGNAL_BASE + signum)
                     raise ExecFailure(code, f"{signal.Signals(signum).name} while waiting to "
                                             "retry: nothing was started") from exc
                 continue
@@ -245,7 +246,8 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 try:
                     out.data(chunk.stream, chunk.data)
                 except BrokenPipeError:
-                    abort = ExecFailure(128 + signal.SIGPIPE, "local output closed")
+                    abort = ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGPIPE,
+                                        "local output closed")
                     break
         except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc

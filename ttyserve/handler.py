@@ -56,7 +56,7 @@ class ConnectionHandler:
         self._on_closed = on_closed
         self._read_scope = anyio.CancelScope()
         self.outbox = Outbox(transport, on_broken=self._read_scope.cancel)
-        self._principal = ""
+        self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
 
     # --- lifecycle ---------------------------------------------------------
@@ -67,17 +67,19 @@ class ConnectionHandler:
             async with anyio.create_task_group() as tg:
                 self.outbox.attach(tg)
                 self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
-                with self._read_scope:
-                    await self._read_loop()
-                if not self.core.handshake_done and not self.core.closing and (
-                        anyio.current_time() >= self._read_scope.deadline):
-                    log.info("%s: no hello and open in time: dropped", self.peer)
-                    self.core.close(RemoteProtocolError(
-                        f"no {'open' if self.core.hello else 'hello'} within "
-                        f"{self._handshake_timeout:g} s"))
-                self.core.close()  # nothing more is framed: what is framed still goes out
-                for attachment in list(self.attachments.values()):
-                    attachment.session.cancel()  # the client has gone: as `cancel` does
+                try:
+                    with self._read_scope:
+                        await self._read_loop()
+                    if not self.core.handshake_done and not self.core.closing and (
+                            anyio.current_time() >= self._read_scope.deadline):
+                        log.info("%s: no hello and open in time: dropped", self.peer)
+                        self.core.close(RemoteProtocolError(
+                            f"no {'open' if self.core.hello else 'hello'} within "
+                            f"{self._handshake_timeout:g} s"))
+                finally:
+                    self.core.close()  # nothing more is framed: what is framed still goes out
+                    for attachment in list(self.attachments.values()):
+                        attachment.session.cancel()  # the client has gone: as `cancel` does
                 self.flush_nowait()
                 self.outbox.close()
                 # The session's last frames go out however slowly the client reads;
@@ -183,10 +185,12 @@ class ConnectionHandler:
     async def _hello(self, event: HelloReceived) -> None:
         delay = self.gate.delay(self.peer)
         if delay:
+            deadline = self._read_scope.deadline
             self._read_scope.deadline = float("inf")  # the deadline must not cut the brake short
             await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
+            self._read_scope.deadline = deadline + delay
         try:
-            self._principal = self.gate.admit(self.peer, event.hello.token)
+            self.principal = self.gate.admit(self.peer, event.hello.token)
         except RequestError as exc:
             self.core.close(exc)
             return
@@ -198,7 +202,7 @@ class ConnectionHandler:
     async def _open(self, event: OpenRequested) -> None:
         channel = event.channel
         try:
-            session = await self.registry.open(event.request, self._principal, str(self.peer),
+            session = await self.registry.open(event.request, str(self.peer),
                                                len(self.attachments))
         except RequestError as exc:
             self.core.refuse(channel, exc)

@@ -17,15 +17,20 @@ LOADER_VARIABLES = re.compile(
 )
 
 
+DEFAULT_MAX_ARGV_BYTES = 256 * 1024
+DEFAULT_MAX_ENV_BYTES = 256 * 1024
+DEFAULT_MAX_CWD_BYTES = 4096  # PATH_MAX
+
+
 @dataclass(frozen=True)
 class Policy:
     """The server's rules for `open`. Empty `allow_command` means any command."""
 
     allow_command: list[str] = field(default_factory=list)
     allow_env: list[str] = field(default_factory=list)
-    max_argv_bytes: int = 256 * 1024
-    max_env_bytes: int = 256 * 1024
-    max_cwd_bytes: int = 4096
+    max_argv_bytes: int = DEFAULT_MAX_ARGV_BYTES
+    max_env_bytes: int = DEFAULT_MAX_ENV_BYTES
+    max_cwd_bytes: int = DEFAULT_MAX_CWD_BYTES
 
     def check(self, request: Open) -> None:
         """Raise RequestError (`bad_request` for sizes, `forbidden` for policy)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -74,7 +74,7 @@ class SessionRegistry:
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
             cwd=request.cwd or self.settings.default_cwd)
 
-    async def open(self, request: Open, owner: str, peer: str, sessions_here: int) -> Session:
+    async def open(self, request: Open, peer: str, sessions_here: int) -> Session:
         """Admit and spawn a session; RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
         settings = self.settings
@@ -96,12 +96,16 @@ class SessionRegistry:
             process = await self.backend.spawn(spec)
         except OSError as exc:
             log.info("%s: spawn failed: %s", peer, exc)
-            if self.journal is not None:
-                await self.journal.start(session_id, peer, spec.argv, spec.pty, None)
-                await self.journal.end(session_id, Reason.SPAWN_FAILED, errno=exc.errno)
+            failure = exc.errno
+
+            async def records(journal: Journal) -> None:
+                await journal.start(session_id, peer, spec.argv, spec.pty, None)
+                await journal.end(session_id, Reason.SPAWN_FAILED, errno=failure)
+
+            await self._record(records)
             raise RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
                                errno=exc.errno or errno.EIO) from exc
-        session = Session(session_id, process, spec, owner, peer, settings.linger)
+        session = Session(session_id, process, spec, peer, settings.linger)
         self.sessions[session_id] = session
         return session
 
@@ -111,32 +115,44 @@ class SessionRegistry:
         self._task_group.start_soon(self._run, session)
 
     async def _run(self, session: Session) -> None:
+        spec = session.spec
+        recorded = await self._record(lambda journal: journal.start(
+            session.id, session.peer, spec.argv, spec.pty, session.pid))
         status: Exit | None = None
-        with session.scope:
-            try:
-                if self.journal is not None:
-                    await self.journal.start(session.id, session.peer, session.spec.argv,
-                                             session.spec.pty, session.pid)
+        try:
+            with session.scope:
                 status = await session.run()
-            except Exception:  # one session's bug must not take the server down
-                log.exception("session %s failed", session.id)
-            finally:
-                await session.process.aclose()  # idempotent; shielded inside
-                session.close_input()
-                if session.sink is not None:
-                    session.sink.ended()
-                if self.journal is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self._journal_end(session, status)
-                del self.sessions[session.id]  # after the end record: "empty" means all written
-                if not self.sessions and self._emptied is not None:
-                    self._emptied.set()
+        except Exception:  # one session's bug must not take the server down
+            log.exception("session %s failed", session.id)
+        finally:
+            await session.process.aclose()  # run() closes it; this covers a run never begun
+            session.close_input()
+            if session.sink is not None:
+                session.sink.ended()
+            if recorded:
+                await self._record(lambda journal: self._journal_end(journal, session, status))
+            del self.sessions[session.id]  # after the end record: "empty" means all written
+            if not self.sessions and self._emptied is not None:
+                self._emptied.set()
 
-    async def _journal_end(self, session: Session, status: Exit | None) -> None:
-        assert self.journal is not None
+    async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
+        """Write journal records, shielded (a start always gets its end); False when there is
+        no journal or the write failed (logged: the session goes on without records)."""
+        if self.journal is None:
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                await write(self.journal)
+            except OSError as exc:
+                log.error("journal %s: %s", self.journal.path, exc)
+                return False
+        return True
+
+    @staticmethod
+    async def _journal_end(journal: Journal, session: Session, status: Exit | None) -> None:
         reason = session.ending or (Reason.EXIT if status is not None else Reason.CANCELLED)
         final = session.process.status
-        await self.journal.end(
+        await journal.end(
             session.id, reason,
             code=final.code if final else None, signal=final.signal if final else None,
             error=final.error if final else None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import signal
-import time
 from typing import Protocol
 
 import anyio
@@ -72,16 +71,13 @@ class Session:
     """One process the server runs, from spawn until its exit status is sent."""
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
-                 owner: str, peer: str, linger: float = DEFAULT_LINGER) -> None:
+                 peer: str, linger: float = DEFAULT_LINGER) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
-        self.owner = owner  # the principal that opened it
         self.peer = peer  # for the journal and the logs
-        self.started = time.time()
         self.scope = anyio.CancelScope()  # cancelled to cancel the session
         self.sink: OutputSink | None = None
-        self.status: Exit | None = None  # once the exit status was sent
         self.ending: Reason | None = None  # why it was ended, when something ended it
         self.bytes_in = 0
         self.bytes_out = 0
@@ -139,8 +135,10 @@ class Session:
             await room.wait()
 
     def feed_eof(self) -> None:
-        """End-of-input, behind the stdin already queued."""
-        self._queue_input(Eof())
+        """End-of-input, behind the stdin already queued. An `eof` while one still waits is
+        the same one (so a client cannot grow the queue with them)."""
+        if not (self._stdin and isinstance(self._stdin[-1], Eof)):
+            self._queue_input(Eof())
 
     def close_input(self) -> None:
         """The session is over: drop queued stdin and release any feeder waiting for room."""
@@ -184,7 +182,6 @@ class Session:
                     await self._outputs_done.wait()  # the pumps send what is buffered, then stop
                 assert self.sink is not None
                 await self.sink.send_exit(status)
-                self.status = status
                 tg.cancel_scope.cancel()
             return status
         finally:

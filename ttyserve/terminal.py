@@ -8,13 +8,15 @@ import termios
 import tty
 from collections.abc import Iterator
 
+from .protocol.messages import DEFAULT_COLS, DEFAULT_ROWS
+
 
 def window_size(fd: int) -> tuple[int, int]:
-    """(rows, cols) of the terminal on ``fd``, or 24 x 80 when it has none."""
+    """(rows, cols) of the terminal on ``fd``, or `open`'s default size when it has none."""
     try:
         size = os.get_terminal_size(fd)
     except OSError:
-        return 24, 80
+        return DEFAULT_ROWS, DEFAULT_COLS
     return max(size.lines, 1) or 24, max(size.columns, 1) or 80
 
 

@@ -186,3 +186,22 @@ async def test_a_server_that_sends_after_exit_is_a_protocol_error(short_dir: Pat
         assert (await session.wait()).code == 0  # the exit came first, and counts
         with pytest.raises(RemoteProtocolError, match="after its last frame"):
             await conn.spawn(["more"], pty=False)  # then the connection is broken
+
+
+async def test_leaving_connect_with_unread_output_does_not_hang(
+        server_process: ServerProcess) -> None:
+    with anyio.fail_after(10):
+        async with connect(server_process.addresses[0]) as conn:
+            session = await conn.spawn(["yes"], pty=False)
+            assert await session.receive() is not None  # then nobody reads any more
+
+
+async def test_a_session_nobody_reads_does_not_stall_the_others(
+        server_process: ServerProcess) -> None:
+    async with connect(server_process.addresses[0], multiplex=True, window=1 << 20) as conn:
+        # Many small chunks: far more than a queue of chunks would hold, within the window.
+        unread = await conn.spawn([SH, "-c", "while :; do echo x; done"], pty=False)
+        other = await conn.spawn([SH, "-c", "sleep 0.5; seq 1 3000"], pty=False)
+        out = b"".join([c.data async for c in other])
+        assert out == b"".join(b"%d\n" % n for n in range(1, 3001))
+        await unread.cancel()

@@ -8,12 +8,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 import trustme
-from helpers import ServerProcess, start_server
+from helpers import RawPeer, ServerProcess, ctrl, start_server
 
+from ttyserve.addresses import Address
 from ttyserve.client import client_tls_context, run
 from ttyserve.errors import RequestError
+from ttyserve.protocol.messages import Hello, parse_object
+from ttyserve.transport import open_transport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 TOKEN = "s3cret-token-for-tests"
@@ -129,3 +133,31 @@ async def test_failed_tls_handshakes_leave_the_server_healthy(secure_server: Ser
                        tls=tls)
     assert result.stdout == b"tls\n"
     assert "used by transport" not in secure_server.stderr_tail()
+
+
+async def test_a_throttled_hello_still_has_to_open_in_time(short_dir: Path) -> None:
+    token_file = short_dir / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    server = start_server(short_dir, "--token-file", str(token_file), "--handshake-timeout",
+                          "1", listen=["tcp:127.0.0.1:0"])
+    try:
+        for _ in range(6):  # past the free failures: the next hello is held back
+            with pytest.raises(RequestError):
+                await run(["true"], address=server.addresses[0], token="guess")
+        host, port = server.addresses[0].removeprefix("tcp:").rsplit(":", 1)
+        transport = await open_transport(Address("tcp", host=host, port=int(port)))
+        try:
+            peer = RawPeer(transport)
+            await peer.send(ctrl(0, Hello(protocol=1, token=TOKEN)))  # and then no `open`
+            started = time.monotonic()
+            with anyio.fail_after(10):
+                frames = await peer.frames_until_eof()
+        finally:
+            await transport.aclose()
+        messages = [parse_object(f.payload)[1] for f in frames]
+        assert [m["type"] for m in messages] == ["welcome", "error"]
+        assert messages[1]["code"] == "protocol_error" and "open" in str(messages[1]["message"])
+        assert time.monotonic() - started < 8
+    finally:
+        server.stop()

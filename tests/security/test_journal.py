@@ -201,3 +201,22 @@ def test_watchdog_with_a_session_that_ignores_sighup(short_dir: Path) -> None:
     assert processes_in_group(pgid) == []
     ends = assert_one_end_per_start(journal)
     assert [e.reason for e in ends.values()] == [Reason.SHUTDOWN]
+
+
+def test_a_session_cancelled_in_the_batch_of_its_open_has_both_records(short_dir: Path) -> None:
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--command", SH)
+    try:
+        for _ in range(5):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.settimeout(10)
+            sock.connect(server.addresses[0].removeprefix("unix:"))
+            sock.sendall(HELLO + ctrl(1, Open(argv=["sleep", "30"], pty=False))
+                         + ctrl(1, {"type": "cancel"}))
+            while sock.recv(65536):  # the server closes the connection after the cancel
+                pass
+            sock.close()
+    finally:
+        assert server.stop() == ServeExit.OK
+    ends = assert_one_end_per_start(journal)
+    assert len(ends) == 5 and {e.reason for e in ends.values()} == {Reason.CANCELLED}

@@ -53,8 +53,8 @@ class Channel:
 
     Credit is None on a connection without windows. ``output_credit`` is what the
     server may still send (STDOUT and STDERR share it); ``stdin_credit`` is what
-    the client may still send; ``stdin_consumed`` is input the process took that
-    has not been granted back yet.
+    the client may still send; ``stdin_consumed`` (server) and ``output_consumed``
+    (client) are what was taken and not granted back yet.
     """
 
     state: ChannelState
@@ -62,6 +62,7 @@ class Channel:
     output_credit: int | None = None
     stdin_credit: int | None = None
     stdin_consumed: int = 0
+    output_consumed: int = 0
 
 
 class IdSet:

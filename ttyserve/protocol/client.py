@@ -163,6 +163,19 @@ class ClientConnection:
             record.output_credit += message.bytes
         return _control_frame(channel, message)
 
+    def output_consumed(self, channel: int, size: int) -> bytes:
+        """The application took ``size`` bytes of the channel's output: a `window` frame
+        granting them back once half the window was taken, else b"" (section 7)."""
+        record = self.channels.live.get(channel)
+        window = self.hello_sent.window if self.hello_sent is not None else None
+        if record is None or window is None:
+            return b""
+        record.output_consumed += size
+        if record.output_consumed < max(1, window // 2):
+            return b""
+        grant, record.output_consumed = record.output_consumed, 0
+        return self.control(channel, Window(bytes=grant))
+
     def cancel(self, channel: int) -> bytes:
         """Frame `cancel`: the channel ends here; what the server sent meanwhile is dropped."""
         if not self.channels.step(channel, Step.CANCELLED):
@@ -270,8 +283,7 @@ class ClientConnection:
         if isinstance(message, Welcome):
             if self.welcome is not None:
                 raise RemoteProtocolError("a second 'welcome'")
-            self.welcome = message
-            self._decoder.max_frame = max(self._decoder.max_frame, message.max_frame)
+            self.welcome = message  # its max_frame bounds what we send; we receive by our own
             if self.hello_sent is not None and self.hello_sent.window is not None:
                 for opened in self.channels.live.values():  # opened before the window was known
                     opened.stdin_credit = message.window
@@ -283,6 +295,7 @@ class ClientConnection:
             named_record = self.channels.live.get(named)
             if named_record is not None and named_record.state is ChannelState.OPENING:
                 self.channels.step(named, Step.REFUSED)
+                self._remember_end(named)
                 return OpenRefused(named, message)
         return ErrorReceived(0, message)
 

@@ -11,7 +11,6 @@ from ..errors import RemoteProtocolError
 HEADER = struct.Struct(">BII")
 HEADER_SIZE = HEADER.size  # 9: kind u8, channel u32, length u32
 DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: the contract's default payload limit
-MAX_CHANNEL = 0xFFFFFFFF
 
 
 class FrameKind(enum.IntEnum):

@@ -167,4 +167,4 @@ def error_message(error: RequestError | ProtocolError, channel: int | None = Non
 def request_error(error: Error) -> RequestError:
     """A received `error` as the exception a client raises."""
     return RequestError(error.code, error.message, errno=error.errno,
-                        retry_after_ms=error.retry_after_ms, retriable=bool(error.retriable))
+                        retry_after_ms=error.retry_after_ms, retriable=error.retriable)
