@@ -20,12 +20,13 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
+from ttyserve.dial import open_transport
 from ttyserve.listeners import SocketLease, open_listeners
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
 from ttyserve.server import Server
 from ttyserve.settings import ServerSettings
-from ttyserve.transport import Transport, open_transport, send_all
+from ttyserve.transport import Transport, send_all
 
 SH = "/bin/sh"
 
@@ -154,6 +155,7 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     addresses: list[str] = field(default_factory=list)
     stderr_path: Path | None = None
+    browse: list[str] = field(default_factory=list)  # `browse URL` lines (web listeners)
 
     @property
     def pid(self) -> int:
@@ -189,6 +191,7 @@ def ttyserve_command(*args: str) -> list[str]:
 
 def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
                  expect_lines: int | None = None, env: dict[str, str] | None = None,
+                 expect_browse: int = 0,
                  ) -> ServerProcess:
     """Start `ttyserve serve` and wait for its `listening` lines."""
     listen = listen if listen is not None else [f"unix:{tmp_path / 's.sock'}"]
@@ -203,7 +206,7 @@ def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
     deadline = time.monotonic() + 15
     fd = proc.stdout.fileno()
     pending = b""
-    while len(server.addresses) < wanted:
+    while len(server.addresses) < wanted or len(server.browse) < expect_browse:
         remaining = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], max(remaining, 0))
         chunk = os.read(fd, 4096) if ready else b""
@@ -213,8 +216,9 @@ def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            assert line.startswith(b"listening "), line
-            server.addresses.append(line.decode().split(" ", 1)[1].strip())
+            word, _, value = line.decode().partition(" ")
+            assert word in ("listening", "browse"), line
+            (server.addresses if word == "listening" else server.browse).append(value.strip())
     return server
 
 

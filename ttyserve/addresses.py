@@ -1,4 +1,4 @@
-"""Listen and connect addresses: `unix:PATH`, `tcp:HOST:PORT`, `tls:HOST:PORT`."""
+"""Listen and connect addresses: `unix:PATH`, and `tcp:`, `tls:`, `ws:`, `wss:` HOST:PORT."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 from .errors import AddressError
 
+NETWORK_SCHEMES = ("tcp", "tls", "ws", "wss")  # HOST:PORT; "unix" takes a PATH
+
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    scheme: str  # "unix", "tcp" or "tls"
+    scheme: str  # "unix", or one of NETWORK_SCHEMES
     path: str = ""
     host: str = ""
     port: int = 0
@@ -18,8 +20,23 @@ class Address:
     def __str__(self) -> str:
         if self.scheme == "unix":
             return f"unix:{self.path}"
+        return f"{self.scheme}:{self.netloc}"
+
+    @property
+    def netloc(self) -> str:
+        """HOST:PORT, an IPv6 host in brackets (as in a URL)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}:{host}:{self.port}"
+        return f"{host}:{self.port}"
+
+    @property
+    def encrypted(self) -> bool:
+        """TLS underneath: `tls:` and `wss:`."""
+        return self.scheme in ("tls", "wss")
+
+    @property
+    def web(self) -> bool:
+        """The WebSocket carriage (protocol section 8): `ws:` and `wss:`."""
+        return self.scheme in ("ws", "wss")
 
 
 def default_socket_path() -> str:
@@ -34,15 +51,18 @@ def default_address() -> Address:
     return Address("unix", path=default_socket_path())
 
 
+EXPECTED = "unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, ws:HOST:PORT or wss:HOST:PORT"
+
+
 def parse_address(text: str) -> Address:
-    """Parse `unix:PATH`, `tcp:HOST:PORT` or `tls:HOST:PORT` (IPv6 hosts in brackets)."""
+    """Parse `unix:PATH` or SCHEME:HOST:PORT for a network scheme (IPv6 hosts in brackets)."""
     scheme, sep, rest = text.partition(":")
     if not sep or not rest:
-        raise AddressError(f"address {text!r}: expected unix:PATH, tcp:HOST:PORT or tls:HOST:PORT")
+        raise AddressError(f"address {text!r}: expected {EXPECTED}")
     if scheme == "unix":
         return Address("unix", path=os.path.abspath(rest))
-    if scheme not in ("tcp", "tls"):
-        raise AddressError(f"address {text!r}: unknown scheme {scheme!r} (unix, tcp or tls)")
+    if scheme not in NETWORK_SCHEMES:
+        raise AddressError(f"address {text!r}: unknown scheme {scheme!r}; expected {EXPECTED}")
     host, sep, port_text = rest.rpartition(":")
     if not sep or not host:
         raise AddressError(f"address {text!r}: expected {scheme}:HOST:PORT")

@@ -27,6 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .addresses import Address, default_address, parse_address
 from .credentials import tls_context
+from .dial import open_transport
 from .errors import ConnectionLost, RemoteProtocolError, RequestError, SessionCancelled
 from .outbox import Outbox
 from .protocol.client import (
@@ -58,7 +59,7 @@ from .protocol.messages import (
     Welcome,
     request_error,
 )
-from .transport import Transport, open_transport, send_all
+from .transport import Transport, send_all
 from .version import __version__
 
 READ_SIZE = 1 << 20
@@ -401,7 +402,7 @@ async def connect(
     addr = address if isinstance(address, Address) else (
         parse_address(address) if address else default_address())
     transport = await open_transport(addr, tls or (client_tls_context()
-                                                   if addr.scheme == "tls" else None))
+                                                   if addr.encrypted else None))
     try:
         connection = Connection(transport, multiplex, window)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,

@@ -49,6 +49,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     command: str | None = None
     allow_command: list[str] = []
     allow_env: list[str] = []
+    allow_origin: list[str] = []
     max_connections: Positive = DEFAULT_MAX_CONNECTIONS
     max_sessions: Positive = DEFAULT_MAX_SESSIONS
     max_sessions_per_connection: Positive = DEFAULT_MAX_SESSIONS_PER_CONNECTION
@@ -80,7 +81,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("listen", "unix:PATH, tcp:HOST:PORT or tls:HOST:PORT (repeatable)", "ADDR"),
+    Option("listen", "unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, or ws:HOST:PORT and "
+           "wss:HOST:PORT for browsers (repeatable)", "ADDR"),
     Option("token_file", "file (mode 600) holding the token TCP and TLS clients must send "
            "(or the token itself in TTYSERVE_TOKEN)", "FILE"),
     Option("tls_cert", "certificate chain (PEM) for tls: listeners", "FILE"),
@@ -92,6 +94,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_command", "glob a client's argv[0] must match (repeatable)", "PATTERN"),
     Option("allow_env", "glob of env names clients may set when commands are restricted "
            "(repeatable)", "PATTERN"),
+    Option("allow_origin", "another origin (scheme://host[:port]) whose pages may open the "
+           "WebSocket of ws: and wss: listeners (repeatable)", "ORIGIN"),
     Option("max_connections", "open connections at once", "N"),
     Option("max_sessions", "sessions at once, all connections", "N"),
     Option("max_sessions_per_connection", "sessions at once on one connection",

@@ -123,7 +123,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
     """Connect and open, retrying only what is retriable and only before `opened`."""
     tls: ssl.SSLContext | None = None
-    if options.address.scheme == "tls":
+    if options.address.encrypted:
         try:
             tls = tls_context("client", cafile=options.tls_ca)
         except ConfigError as exc:  # a bad CA file: no retry can help

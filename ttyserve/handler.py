@@ -111,7 +111,7 @@ class ConnectionHandler:
         with anyio.move_on_after(CLOSE_TIMEOUT):
             try:
                 try:
-                    await self.transport.send_eof()
+                    await self.transport.send_eof(protocol_error=self.core.error is not None)
                 except NotImplementedError:
                     pass
                 while True:
@@ -146,6 +146,10 @@ class ConnectionHandler:
             try:
                 data = await self.transport.receive(READ_SIZE)
             except _GONE:
+                return
+            except RemoteProtocolError as exc:  # the carriage was misused
+                log.info("%s: %s: %s", self.peer, exc.code, exc.message)
+                core.close(exc)
                 return
             core.receive_data(data)
             try:
@@ -211,6 +215,6 @@ class ConnectionHandler:
         self.attachments[channel] = attachment
         session.attach(attachment)
         self.registry.start(session)
-        if not self.core.opened(channel, session.pid):  # the connection closed meanwhile
+        if not self.core.opened(channel, session.pid, session.spec.argv):  # closed meanwhile?
             self.attachments.pop(channel, None)
             session.cancel()

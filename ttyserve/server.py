@@ -30,6 +30,7 @@ from .protocol.server import ServerConnection
 from .registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .transport import SocketTransport, StreamTransport, Transport, send_all
+from .web.http import FrontDoor
 
 log = logging.getLogger("ttyserve")
 
@@ -65,6 +66,7 @@ class Server:
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
+        self._web: FrontDoor | None = None
 
     def shutdown(self) -> None:
         """Begin the graceful drain (idempotent)."""
@@ -178,28 +180,39 @@ class Server:
 
     async def _open_transport(self, sock: socket.socket, transport_kind: str,
                               peer: object) -> Transport | None:
-        """The connection's transport, or None when it was refused or its TLS failed."""
+        """The connection's transport, or None when it was refused, its TLS failed, or (web
+        listeners) it only asked for the page."""
         limit = self.settings.max_connections
         if self._connections > limit:
             log.warning("%s: refused: %d connections open", peer, self._connections - 1)
-            if transport_kind == "tls":  # a plaintext frame would be garbage to a TLS client
-                sock.close()
-            else:
+            if transport_kind in ("unix", "tcp"):
                 await refuse_busy(SocketTransport(sock), limit)
+            else:  # a frame would be garbage to TLS or HTTP: the connection is closed
+                sock.close()
             return None
-        if transport_kind != "tls":
+        if transport_kind in ("unix", "tcp"):
             return SocketTransport(sock)
-        assert self.tls is not None
         stream: anyio.abc.ByteStream | None = None
+        ready = False
         with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
             try:
                 stream = await anyio.abc.SocketStream.from_socket(sock)
-                return StreamTransport(await TLSStream.wrap(
-                    stream, server_side=True, ssl_context=self.tls, standard_compatible=False))
+                if transport_kind in ("tls", "wss"):
+                    assert self.tls is not None
+                    stream = await TLSStream.wrap(stream, server_side=True,
+                                                  ssl_context=self.tls,
+                                                  standard_compatible=False)
+                ready = True
             except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 log.info("%s: TLS handshake failed: %s", peer, exc)
         if deadline.cancelled_caught:
             log.info("%s: no TLS handshake in time", peer)
+        if ready and stream is not None:
+            if transport_kind == "tls":
+                return StreamTransport(stream)
+            upgraded = await self._front_door().serve(stream, peer, transport_kind == "wss")
+            if upgraded is not None:
+                return upgraded
         # Close what owns the descriptor: the asyncio transport, once there is one.
         with anyio.CancelScope(shield=True):
             if stream is not None:
@@ -207,6 +220,12 @@ class Server:
             else:
                 sock.close()
         return None
+
+    def _front_door(self) -> FrontDoor:
+        """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""
+        if self._web is None:
+            self._web = FrontDoor(self.settings.allowed_origins, self.settings.handshake_timeout)
+        return self._web
 
 
 async def refuse_busy(transport: Transport, limit: int) -> None:

@@ -39,3 +39,4 @@ class ServerSettings:
     max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    allowed_origins: frozenset[str] = frozenset()  # besides a web listener's own (section 8)

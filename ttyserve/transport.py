@@ -8,16 +8,12 @@ loses or splits data: bytes are either in the kernel or still the caller's.
 
 from __future__ import annotations
 
-import os
 import socket
-import ssl
 from collections.abc import Sequence
 from typing import Protocol
 
 import anyio
 import anyio.abc
-
-from .addresses import Address
 
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
@@ -27,7 +23,9 @@ class Transport(Protocol):
     """What a connection needs from the bytes underneath it."""
 
     async def receive(self, max_bytes: int) -> bytes:
-        """Raises anyio.EndOfStream at the peer's EOF, anyio.BrokenResourceError on errors."""
+        """Raises anyio.EndOfStream at the peer's EOF, anyio.BrokenResourceError on errors,
+        RemoteProtocolError when the peer misused the carriage itself (a WebSocket text
+        message, say)."""
         ...
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
@@ -38,8 +36,9 @@ class Transport(Protocol):
         """Wait until at least one byte was sent; the number of bytes sent."""
         ...
 
-    async def send_eof(self) -> None:
-        """Half-close; raises NotImplementedError where the transport cannot (TLS)."""
+    async def send_eof(self, protocol_error: bool = False) -> None:
+        """Half-close (a WebSocket says 1002 when ``protocol_error``); raises
+        NotImplementedError where the transport cannot (TLS)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -91,7 +90,7 @@ class SocketTransport:
             await anyio.wait_writable(self.sock)
         return sent
 
-    async def send_eof(self) -> None:
+    async def send_eof(self, protocol_error: bool = False) -> None:
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
@@ -121,7 +120,7 @@ class StreamTransport:
         await self.stream.send(data)
         return len(data)
 
-    async def send_eof(self) -> None:
+    async def send_eof(self, protocol_error: bool = False) -> None:
         await self.stream.send_eof()
 
     async def aclose(self) -> None:
@@ -132,44 +131,3 @@ async def send_all(transport: Transport, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[await transport.send_some([view]):]
-
-
-async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setblocking(False)
-        try:
-            sock.connect(sockaddr)  # type: ignore[arg-type]
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
-            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if error:
-                raise OSError(error, os.strerror(error)) from None
-        if family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-    except BaseException:
-        sock.close()
-        raise
-
-
-async def open_transport(address: Address, tls: ssl.SSLContext | None = None) -> Transport:
-    """Connect to ``address``; a `tls:` address is verified with ``tls`` (or the system CAs)."""
-    if address.scheme == "unix":
-        return SocketTransport(await _connect_socket(socket.AF_UNIX, address.path))
-    if address.scheme == "tls":
-        context = tls or ssl.create_default_context()
-        try:
-            stream = await anyio.connect_tcp(address.host, address.port, tls=True,
-                                             ssl_context=context, tls_standard_compatible=False)
-        except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-            raise ConnectionResetError(f"the TLS handshake was cut off: {exc}") from exc
-        return StreamTransport(stream)
-    infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
-    error: OSError | None = None
-    for family, _type, _proto, _name, sockaddr in infos:
-        try:
-            return SocketTransport(await _connect_socket(family, sockaddr))
-        except OSError as exc:
-            error = exc
-    raise error or OSError(f"cannot resolve {address.host}")

@@ -15,9 +15,9 @@ from helpers import RawPeer, ServerProcess, ctrl, start_server
 
 from ttyserve.addresses import Address
 from ttyserve.client import client_tls_context, run
+from ttyserve.dial import open_transport
 from ttyserve.errors import RequestError
 from ttyserve.protocol.messages import Hello, parse_object
-from ttyserve.transport import open_transport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 TOKEN = "s3cret-token-for-tests"

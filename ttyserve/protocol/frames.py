@@ -110,3 +110,44 @@ class FrameDecoder:
 
 
 _KINDS = tuple(FrameKind)
+
+
+class FrameTracker:
+    """Follows where frames end in a byte stream, through their headers, keeping no payload.
+
+    For a carriage that must cut the stream only between frames (section 8: a
+    WebSocket message holds whole frames): what it sends, and what it receives.
+    """
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._left = 0  # payload bytes still to come in the current frame
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether everything fed so far is whole frames."""
+        return not self._header and not self._left
+
+    def feed(self, data: bytes | bytearray | memoryview) -> int | None:
+        """Follow ``data``: how many of its bytes end with the last frame completed in it,
+        or None when no frame was completed in it."""
+        view = memoryview(data)
+        size = len(view)
+        offset = 0
+        last: int | None = None
+        while offset < size:
+            if self._left:
+                step = min(self._left, size - offset)
+                self._left -= step
+                offset += step
+            else:
+                step = min(HEADER_SIZE - len(self._header), size - offset)
+                self._header += view[offset:offset + step]
+                offset += step
+                if len(self._header) < HEADER_SIZE:
+                    break
+                self._left = HEADER.unpack(self._header)[2]
+                self._header.clear()
+            if not self._left and not self._header:
+                last = offset
+        return last

@@ -86,6 +86,7 @@ class Welcome(Message, tag="welcome"):
 
 class Opened(Message, tag="opened"):
     pid: int
+    argv: list[str] | None = None  # what runs (the server's default when `open` had none)
 
 
 class Exit(Message, tag="exit"):

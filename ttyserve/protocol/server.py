@@ -120,6 +120,7 @@ class ServerConnection:
         self._out: list[Buffer] = []
         self._session: int | None = None  # single-session: the channel that carries it
         self._undecided: int | None = None  # the `open` whose answer the I/O layer owes
+        self.error: ProtocolError | None = None  # why the connection closed, if the protocol broke
 
     # --- what the I/O layer asks ------------------------------------------------
 
@@ -330,14 +331,16 @@ class ServerConnection:
             return
         if error is not None:
             self._frame_error(0, error)
+        if isinstance(error, ProtocolError):
+            self.error = error
         self.stage = Stage.CLOSING
 
-    def opened(self, channel: int, pid: int) -> bool:
-        """Frame `opened`; False when the channel was cancelled meanwhile."""
+    def opened(self, channel: int, pid: int, argv: list[str] | None = None) -> bool:
+        """Frame `opened` (with the command that runs); False when the connection closed."""
         if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
             return False
         self._decided(channel)
-        self._frame_control(channel, Opened(pid=pid))
+        self._frame_control(channel, Opened(pid=pid, argv=argv))
         return True
 
     def refuse(self, channel: int, error: RequestError) -> bool:
