@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench screenshot clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,16 @@ serve: $(VENV)/.run-installed
 	$(BIN)/ttyserve serve $(ARGS)
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check ttyserve tests benchmarks
+	$(BIN)/ruff check ttyserve tests benchmarks scripts
 	$(BIN)/mypy --strict ttyserve
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The browser terminal's picture in the README, taken by the browser test harness (needs chromium).
+screenshot: $(VENV)/.test-installed
+	TTYSERVE_SCREENSHOT=docs/images/browser-terminal.png $(BIN)/python -m pytest -q \
+		tests/browser/test_page.py -k keys_reach
 
 # The benchmark suite (benchmarks/README.md): `make bench ARGS="--quick"` for a smoke run.
 bench: $(VENV)/.bench-installed

@@ -45,7 +45,8 @@ PACKAGES = (
     Package("@xterm/addon-fit", "0.11.0",
             "sha512-jYcgT6xtVYhnhgxh3QgYDnnNMYTcf8ElbxxFzX0IZo+vabQqSPAjC3c1wJrKB5E19VwQei89QCiZZP"
             "86DCPF7g==",
-            {"package/lib/addon-fit.mjs": "addon-fit.mjs", "package/LICENSE": "LICENSE-addon-fit.txt"}),
+            {"package/lib/addon-fit.mjs": "addon-fit.mjs",
+             "package/LICENSE": "LICENSE-addon-fit.txt"}),
 )
 
 # sha256 of every vendored file as committed: what the package ships is what was fetched.
@@ -63,7 +64,7 @@ def integrity_of(data: bytes) -> str:
 
 
 def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 (https only)
+    with urllib.request.urlopen(url, timeout=60) as response:
         data: bytes = response.read()
     return data
 

@@ -49,3 +49,20 @@ def server_process(short_dir: Path) -> Iterator[ServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly which tests a missing system package skipped, and how to install it."""
+    missing: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        if "is not installed" in reason:
+            reason = reason.removeprefix("Skipped: ")
+            missing[reason] = missing.get(reason, 0) + 1
+    if not missing:
+        return
+    terminalreporter.write_sep("!", "TESTS SKIPPED: SYSTEM PACKAGES MISSING", red=True, bold=True)
+    for reason, count in missing.items():
+        terminalreporter.write_line(f"{count} test(s) did not run: {reason}", red=True, bold=True)
+    terminalreporter.write_sep("!", "install them and run make test again (CI always does)",
+                               red=True, bold=True)

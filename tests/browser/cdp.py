@@ -78,6 +78,7 @@ class Browser:
         elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
             self.console_errors.append(params["entry"]["text"])
 
+
     async def send(self, method: str, params: dict[str, Any] | None = None,
                    session: bool = True) -> dict[str, Any]:
         """Run one DevTools command and return its result (raises BrowserError on error)."""
@@ -138,11 +139,19 @@ class Browser:
         result = await self.send("Page.captureScreenshot", {"format": "png"})
         path.write_bytes(base64.b64decode(result["data"]))
 
-    async def screen_text(self) -> str:
-        """The terminal's active buffer as text, read through `window.term`."""
+    async def resources(self) -> list[str]:
+        """Every URL the page loaded a resource from (scripts, styles, images, fetches)."""
+        urls: list[str] = await self.evaluate(
+            "[location.href, ...performance.getEntriesByType('resource').map((e) => e.name)]")
+        return urls
+
+    async def screen_text(self, last: int = 100) -> str:
+        """The last lines of the terminal's active buffer, read through `window.term`
+        (a few: reading all of a long scrollback would slow the page it measures)."""
         text: str = await self.evaluate(
             "(() => { const b = window.term.buffer.active; const lines = [];"
-            " for (let i = 0; i < b.length; i++) lines.push(b.getLine(i).translateToString(true));"
+            f" for (let i = Math.max(0, b.length - {last}); i < b.length; i++)"
+            " lines.push(b.getLine(i).translateToString(true));"
             " return lines.join('\\n'); })()")
         return text
 
@@ -183,7 +192,7 @@ async def open_browser(width: int = 900, height: int = 600) -> AsyncIterator[Bro
                                           {"targetId": page["targetId"], "flatten": True},
                                           session=False)
             browser.session = attached["sessionId"]
-            for domain in ("Page", "Runtime", "Log"):
+            for domain in ("Page", "Runtime", "Log"):  # not Network: every WebSocket frame
                 await browser.send(f"{domain}.enable")
             await browser.set_viewport(width, height)
         yield browser

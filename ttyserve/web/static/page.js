@@ -25,6 +25,7 @@ const connection = new Connection(`${scheme}//${location.host}/ws`,
 const session = connection.open({ pty: true, rows: term.rows, cols: term.cols,
   term: "xterm-256color" });
 let command = "ttyserve";
+window.ttyserve = { connection, session }; // for embedders and tests, beside window.term
 
 function show(state) {
   document.title = `${command} — ${state}`;

@@ -161,6 +161,8 @@ export class Session extends EventTarget {
     this.pid = null;
     this.argv = null;
     this.ended = false;
+    this.bytesReceived = 0; // output received, and output the frontend said it took:
+    this.bytesConsumed = 0; // with a window, the difference never exceeds it
     this._opened = false;
     this._consumed = 0;
     // STDIN credit: unknown (0) until `welcome` on a windowed connection, else no limit.
@@ -195,6 +197,7 @@ export class Session extends EventTarget {
   /** The frontend has taken (rendered) `size` bytes of output: credit goes back at half. */
   consumed(size) {
     const windowBytes = this.connection.window;
+    this.bytesConsumed += size;
     if (windowBytes === null || this.ended) return;
     this._consumed += size;
     if (this._consumed >= windowBytes / 2) {
@@ -226,6 +229,7 @@ export class Session extends EventTarget {
   }
 
   _output(kind, data) {
+    this.bytesReceived += data.length;
     const stream = kind === Kind.STDERR ? "stderr" : "stdout";
     this.dispatchEvent(new CustomEvent("output", { detail: { stream, data } }));
   }

@@ -1,0 +1,169 @@
+"""The built-in terminal page in real headless Chromium (Debian's), against a real server.
+
+Keys are typed at the keyboard (DevTools Input), the screen is read back through
+`window.term`, and every test ends with no console error and nothing loaded from
+another origin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from cdp import Browser, open_browser
+from helpers import (
+    SH,
+    ServerProcess,
+    children_of,
+    kill_group,
+    rss_kib,
+    start_server,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+CTRL = 2  # the DevTools modifier bit
+
+
+@contextlib.asynccontextmanager
+async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
+               ) -> AsyncIterator[tuple[Browser, ServerProcess]]:
+    """A server with a `ws:` listener, and a browser on its page (the printed URL)."""
+    server = start_server(short_dir, "--command", SH, *args, listen=["ws:127.0.0.1:0"],
+                          expect_browse=1, env={"PS1": "$ "})
+    try:
+        async with open_browser(width, height) as browser:
+            await browser.navigate(server.browse[0])
+            await browser.wait_for("document.body.dataset.session === 'running'")
+            yield browser, server
+            origin = server.browse[0].split("/#", 1)[0]
+            loaded = await browser.resources()
+            assert any(url.endswith("/static/vendor/xterm.mjs") for url in loaded), loaded
+            assert [url for url in loaded if not url.startswith(origin + "/")] == []
+            assert browser.console_errors == [], browser.console_errors
+    finally:
+        groups = children_of(server.pid)
+        server.stop(signal.SIGKILL) if server.proc.poll() is None else None
+        for group in groups:
+            kill_group(group)
+
+
+async def run_line(browser: Browser, line: str) -> None:
+    await browser.type_text(line)
+    await browser.press("Enter", "Enter", 13, text="\r")
+
+
+async def screen_has(browser: Browser, pattern: str, timeout: float = 20) -> str:
+    with anyio.fail_after(timeout):
+        while not re.search(pattern, text := await browser.screen_text()):
+            await browser.evaluate("new Promise((resolve) => setTimeout(resolve, 50))")
+        return text
+
+
+async def test_keys_reach_the_shell_and_its_output_the_screen(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        await run_line(browser, "echo hello-$((6*7))")
+        await screen_has(browser, r"(?m)^hello-42$")
+        assert await browser.evaluate("document.title") == f"{SH} — running"
+        shot = os.environ.get("TTYSERVE_SCREENSHOT")
+        if shot:  # `make screenshot`: the picture in the README
+            await run_line(browser, "printf '\\033[1;32mttyserve\\033[0m in a browser: '; "
+                                    "uname -sm; seq -s ' ' 1 12")
+            await screen_has(browser, r"(?m)^1 2 3 4 5 6 7 8 9 10 11 12$")
+            await browser.screenshot(Path(shot))
+
+
+async def test_resizing_the_page_resizes_the_terminal(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        before = await browser.evaluate("[term.rows, term.cols]")
+        await browser.set_viewport(1300, 760)
+        after = await browser.wait_for(
+            f"(term.rows !== {before[0]} || term.cols !== {before[1]}) && [term.rows, term.cols]")
+        await run_line(browser, "stty size")
+        await screen_has(browser, rf"(?m)^{after[0]} {after[1]}$")
+
+
+def sleeping(server: ServerProcess) -> bool:
+    """Whether the session's shell runs a `sleep` (in a job of its own, under job control)."""
+    for shell in children_of(server.pid):
+        for pid in children_of(shell):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                    return True
+    return False
+
+
+async def test_ctrl_c_interrupts_a_sleep(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, server):
+        await run_line(browser, "sleep 30")
+        assert await wait_until(lambda: sleeping(server), timeout=10)
+        await browser.press("c", "KeyC", 67, modifiers=CTRL)
+        assert await wait_until(lambda: not sleeping(server), timeout=5)
+        await run_line(browser, "echo status-$?")
+        await screen_has(browser, r"(?m)^status-130$", timeout=10)
+
+
+async def test_a_flood_finishes_and_the_page_stays_responsive(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        await run_line(browser, "seq 1 300000; echo flood-done")
+        await screen_has(browser, r"(?m)^flood-done$", timeout=90)
+        await run_line(browser, "echo still-here")
+        await screen_has(browser, r"(?m)^still-here$", timeout=5)
+
+
+async def test_50_mb_to_the_page_with_bounded_server_memory(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, server):
+        baseline = rss_kib(server.pid)
+        await run_line(browser, "head -c 50000000 /dev/zero | tr '\\0' 'y' | fold -w 199; "
+                                "echo; echo fifty-done")
+        peak, in_flight, window = baseline, 0, await browser.evaluate(
+            "ttyserve.connection.window")
+        with anyio.fail_after(100):
+            while not re.search(r"(?m)^fifty-done$", await browser.screen_text()):
+                peak = max(peak, rss_kib(server.pid))
+                in_flight = max(in_flight, await browser.evaluate(
+                    "ttyserve.session.bytesReceived - ttyserve.session.bytesConsumed"))
+                await anyio.sleep(0.05)  # sampling while the page renders
+        received = await browser.evaluate("ttyserve.session.bytesReceived")
+        print(f"{received} bytes rendered; server RSS {baseline} KiB before, {peak} KiB at "
+              f"most; at most {in_flight} bytes received and not yet rendered")
+    assert received > 50_000_000
+    assert 0 < in_flight <= window  # credit goes back from the render callback only
+    assert peak - baseline < 32 * 1024, (baseline, peak)
+
+
+async def test_exit_shows_the_line_and_the_data_attributes(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        await run_line(browser, "exit 3")
+        await browser.wait_for("document.body.dataset.session === 'ended'")
+        assert await browser.evaluate("document.body.dataset.exitCode") == "3"
+        assert await browser.evaluate("document.body.dataset.signal") is None
+        await screen_has(browser, r"\[exited: code 3\]")
+        assert (await browser.evaluate("document.title")).endswith("exited 3")
+
+
+async def test_a_signal_death_names_the_signal(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        await run_line(browser, "kill -9 $$")
+        await browser.wait_for("document.body.dataset.session === 'ended'")
+        assert await browser.evaluate("[document.body.dataset.exitCode, "
+                                      "document.body.dataset.signal]") == ["-9", "KILL"]
+        await screen_has(browser, r"\[killed by signal KILL\]")
+
+
+async def test_a_killed_server_shows_connection_lost(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, server):
+        await run_line(browser, "echo alive")
+        await screen_has(browser, r"(?m)^alive$")
+        groups = children_of(server.pid)
+        server.stop(signal.SIGKILL)
+        for group in groups:
+            kill_group(group)
+        await browser.wait_for("document.body.dataset.session === 'lost'")
+        await screen_has(browser, r"\[connection lost\]")
