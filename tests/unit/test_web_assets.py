@@ -38,3 +38,15 @@ def test_the_page_is_served_with_its_licenses_and_no_source_maps() -> None:
         assert b"MIT" in assets[path].body or b"Permission is hereby granted" in assets[path].body
     assert assets["/static/page.js"].content_type.startswith("text/javascript")
     assert not any(path.endswith(".map") for path in assets)
+
+
+def test_the_wheel_ships_every_asset_as_package_data() -> None:
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["ttyserve"]
+    package = ROOT / "ttyserve"
+    files = [p.relative_to(package).as_posix() for p in (package / "web" / "static").rglob("*")
+             if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in patterns) for f in files)

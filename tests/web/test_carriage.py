@@ -62,10 +62,15 @@ def http(server: ServerProcess, request: bytes) -> tuple[int, dict[str, str], by
         sock.sendall(request)
         data = b""
         while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
             if not chunk:
                 break
             data += chunk
+        if not data:
+            return 0, {}, b""  # closed without an answer
         head, _, body = data.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
@@ -336,3 +341,18 @@ def test_json_of_the_browse_token_is_not_in_the_page(web_server: ServerProcess) 
     _, _, body = get(web_server, "/")
     assert token_of(web_server).encode() not in body
     assert json.dumps(token_of(web_server)).encode() not in get(web_server, "/static/page.js")[2]
+
+
+@pytest.mark.asyncio
+async def test_max_connections_applies_to_web_listeners(short_dir: Path) -> None:
+    server = start_server(short_dir, "--max-connections", "1", listen=["ws:127.0.0.1:0"],
+                          expect_browse=1)
+    try:
+        first, _ = await ws_client(server)
+        async with first:
+            status, _, _ = get(server, "/")  # a second connection: closed without an answer
+            assert status == 0
+        result = await run(["true"], address=server.addresses[0], token=token_of(server))
+        assert result.returncode == 0  # once the first has gone, there is room again
+    finally:
+        server.stop()

@@ -1,0 +1,5 @@
+"""`python -m ttyserve` is the `ttyserve` command."""
+
+from .cli import main
+
+main()

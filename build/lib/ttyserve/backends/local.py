@@ -1,0 +1,399 @@
+"""Processes on this host, under a PTY or plain pipes: the handles, and the posix_spawn backend.
+
+Each child is awaited through a watch (a pidfd where the kernel has them: no
+thread per child, unlike asyncio's default child watcher on 3.11), and every
+descriptor is non-blocking and owned here until `aclose`. `ChildBackend` is
+what every backend of children of this server shares (see portable.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import struct
+import termios
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import anyio
+
+from ..exitcodes import exit_from_wait_error, exit_from_wait_status
+from ..protocol.messages import Exit
+from .base import ProcessSpec
+from .groups import group_alive, signal_group
+from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
+from .spawn import Stdio, check_cwd, resolve_executable, spawn
+from .watch import ExitWatch, WatchFactory, open_exit_watch
+
+PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
+_PIPE_DEFAULT = 64 * 1024
+_CAN_GROW = hasattr(fcntl, "F_SETPIPE_SZ")  # Linux only
+_SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
+KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
+_POLL = 0.02  # group members that are not our children can only be polled
+
+OnReaped = Callable[[int, Exit], None]  # (pid, status) of a session leader just reaped
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """TIOCSWINSZ: the kernel sends SIGWINCH to the terminal's foreground group."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class FdSource:
+    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF.
+
+    A pipe that fills up is grown once to PIPE_SIZE: fewer wake-ups for a
+    process that writes a lot, no extra kernel memory for the many that do not
+    (the per-user pipe budget is counted in full pipe sizes).
+    """
+
+    def __init__(self, fd: int, growable: bool = False) -> None:
+        self.fd = fd
+        self.eof = False
+        self._growable = growable and _CAN_GROW
+
+    def _read(self, limit: int) -> bytes | None:
+        """Up to ``limit`` bytes now; None when nothing is buffered."""
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and not self.eof:
+            try:
+                chunk = os.read(self.fd, limit - size)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if len(chunk) < _SHORT_READ:
+                break  # the pipe or terminal is empty for now: spare the EAGAIN read
+        if not chunks:
+            return b"" if self.eof else None
+        if self._growable and size >= _PIPE_DEFAULT:
+            self._growable = False
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass  # over the user's pipe budget: keep the default size
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    @property
+    def at_eof(self) -> bool:
+        return self.eof
+
+    async def wait_readable(self) -> None:
+        """Raises anyio.ClosedResourceError if the process is closed meanwhile."""
+        if not self.eof:
+            await anyio.wait_readable(self.fd)
+
+    def receive_nowait(self, limit: int) -> bytes:
+        """Raises OSError on a read error other than a PTY's EIO (its end-of-file)."""
+        return self._read(limit) or b""
+
+
+class LocalProcess:
+    """A child of this server: reaping, signals, stdin. Subclasses add the stdio kind.
+
+    ``live`` is the backend's set of unreaped session leaders (the orphan reaper
+    leaves them alone); ``on_reaped`` is told the pid and status once, when they
+    are known; ``watch`` makes what wakes `wait` (a pidfd, else polling).
+    """
+
+    def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
+                 live: set[int], on_reaped: OnReaped | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
+        self.pid = pid
+        self._live = live
+        self._on_reaped = on_reaped
+        live.add(pid)
+        self.stdout = stdout
+        self.stderr = stderr
+        self._stdin_fd: int | None = stdin_fd
+        self._status: Exit | None = None
+        self._watch: ExitWatch | None = None
+        self._wait_lock = anyio.Lock()
+        self._closed = False
+        try:
+            self._watch = watch(pid)
+        except ProcessLookupError as exc:  # already reaped behind our back (SIGCHLD ignored)
+            self._reaped(exit_from_wait_error(exc))
+
+    # --- status -------------------------------------------------------------
+
+    def _collect_status(self) -> int | None:
+        """waitpid() without blocking: the raw status, or None while running."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        return status if pid else None
+
+    def _reaped(self, status: Exit) -> None:
+        self._status = status
+        self._live.discard(self.pid)
+        if self._on_reaped is not None:
+            self._on_reaped(self.pid, status)
+
+    async def wait(self) -> Exit:
+        async with self._wait_lock:
+            while self._status is None:
+                assert self._watch is not None
+                await self._watch.wait()
+                try:
+                    raw = self._collect_status()
+                except OSError as exc:
+                    self._reaped(exit_from_wait_error(exc))
+                else:
+                    if raw is not None:
+                        self._reaped(exit_from_wait_status(raw))
+            return self._status
+
+    @property
+    def returned(self) -> bool:
+        return self._status is not None
+
+    @property
+    def status(self) -> Exit | None:
+        return self._status
+
+    # --- control ------------------------------------------------------------
+
+    def send_signal(self, signum: int) -> None:
+        signal_group(self.pid, signum)
+
+    def hang_up(self) -> None:
+        """What a terminal hang-up does: SIGHUP, then SIGCONT so stopped jobs see it."""
+        signal_group(self.pid, signal.SIGHUP)
+        signal_group(self.pid, signal.SIGCONT)
+
+    def resize(self, rows: int, cols: int) -> None:
+        return None
+
+    def write_nowait(self, data: bytes | memoryview) -> int:
+        fd = self._stdin_fd
+        if fd is None:
+            raise anyio.BrokenResourceError("stdin is closed")
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_stdin(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = self.write_nowait(view)
+            if not written:
+                assert self._stdin_fd is not None
+                await anyio.wait_writable(self._stdin_fd)
+            view = view[written:]
+
+    async def send_eof(self) -> None:
+        fd, self._stdin_fd = self._stdin_fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)
+            os.close(fd)
+
+    async def end_group(self, grace: float = KILL_GRACE) -> Exit:
+        """SIGHUP and SIGCONT to the group (a hang-up), SIGKILL after ``grace``; reap."""
+        deadline = time.monotonic() + grace
+        if not self.returned:
+            self.hang_up()
+        with anyio.move_on_after(grace):
+            await self.wait()
+            while group_alive(self.pid) and time.monotonic() < deadline:
+                await anyio.sleep(_POLL)
+        signal_group(self.pid, signal.SIGKILL)
+        status = await self.wait()
+        with anyio.move_on_after(grace):  # killed members vanish once reaped
+            while group_alive(self.pid):
+                await anyio.sleep(_POLL)
+        return status
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._closed:
+                return
+            if not self.returned:
+                await self.end_group()
+            self._closed = True
+            if self._watch is not None:
+                self._watch.close()
+            for fd in self._fds():
+                anyio.notify_closing(fd)
+                os.close(fd)
+
+    def _fds(self) -> list[int]:
+        fds = {self.stdout.fd}
+        if self.stderr is not None:
+            fds.add(self.stderr.fd)
+        if self._stdin_fd is not None:
+            fds.add(self._stdin_fd)
+        self._stdin_fd = None
+        return sorted(fds)
+
+
+class PipeProcess(LocalProcess):
+    """stdin, stdout and stderr are three pipes; the process leads its own group."""
+
+
+class PtyProcess(LocalProcess):
+    """stdio is a terminal; the master is both the input and the output."""
+
+    def __init__(self, pid: int, master: int, live: set[int],
+                 on_reaped: OnReaped | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
+        super().__init__(pid, master, FdSource(master), None, live, on_reaped, watch=watch)
+        self._master = master
+
+    def resize(self, rows: int, cols: int) -> None:
+        set_window_size(self._master, rows, cols)
+
+    def send_signal(self, signum: int) -> None:
+        try:
+            group = os.tcgetpgrp(self._master)
+        except OSError:
+            group = self.pid
+        signal_group(group, signum)
+
+    async def send_eof(self) -> None:
+        veof = termios.tcgetattr(self._master)[6][termios.VEOF]
+        await self.send_stdin(veof if isinstance(veof, bytes) else bytes([veof]))
+
+    def _fds(self) -> list[int]:
+        self._stdin_fd = None
+        return [self._master]
+
+
+class BaseEnvironment:
+    """The server's environment, encoded once: a session's adds TERM and the client's env."""
+
+    def __init__(self) -> None:
+        self.entries = {k: k + b"=" + v for k, v in os.environb.items()}
+        self.path = os.environ.get("PATH", os.defpath)
+
+    def for_session(self, spec: ProcessSpec) -> tuple[list[bytes], str]:
+        """The `KEY=VALUE` entries for ``spec``, and the PATH its command is looked up in."""
+        extra = dict(spec.env)
+        if spec.pty:
+            extra.setdefault("TERM", spec.term)
+        if not extra:
+            return list(self.entries.values()), self.path
+        entries = dict(self.entries)
+        for key, value in extra.items():
+            encoded = os.fsencode(key)
+            entries[encoded] = encoded + b"=" + os.fsencode(value)
+        return list(entries.values()), extra.get("PATH", self.path)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+class ChildBackend(ABC):
+    """Runs sessions as children of this server; subclasses say how a child is started.
+
+    Shared by every such backend: the cwd and PATH checks (so spawn errors carry
+    the same errno), the environment, the set of live session leaders, and the
+    reaping of orphans they leave behind.
+    """
+
+    pipe_process: type[PipeProcess] = PipeProcess
+    pty_process: type[PtyProcess] = PtyProcess
+
+    def __init__(self, default_cwd: str | None = None, *,
+                 watch: WatchFactory = open_exit_watch) -> None:
+        self.default_cwd = default_cwd or os.getcwd()
+        self.environment = BaseEnvironment()
+        self.live: set[int] = set()  # session leaders not yet reaped
+        self.watch = watch
+        self._adopting = False
+
+    async def reap_orphans(self) -> None:
+        """Adopt and reap what sessions leave behind, until cancelled (see reaper.py)."""
+        if become_subreaper():
+            self._adopting = True
+            try:
+                await run_orphan_reaper(self.live)
+            finally:
+                self._adopting = False
+
+    def _leader_reaped(self, pid: int, status: Exit) -> None:
+        # A SIGCHLD pass stops at a leader that its session had not reaped yet;
+        # orphans queued behind it are reaped now.
+        if self._adopting:
+            reap_orphans(self.live)
+
+    def _prepare(self, spec: ProcessSpec) -> tuple[str, list[bytes], str]:
+        cwd = spec.cwd or self.default_cwd
+        check_cwd(cwd)
+        env, path = self.environment.for_session(spec)
+        return resolve_executable(spec.argv[0], path, cwd), env, cwd
+
+    async def spawn(self, spec: ProcessSpec) -> LocalProcess:
+        """Start ``spec``; raises errors.SpawnError with an errno on failure."""
+        executable, env, cwd = self._prepare(spec)
+        if not spec.pty:
+            return self._spawn_pipe(spec, executable, env, cwd)
+        pid, master = self._start_on_terminal(spec, executable, env, cwd)
+        os.set_blocking(master, False)
+        return self.pty_process(pid, master, self.live, self._leader_reaped, watch=self.watch)
+
+    def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
+                    cwd: str) -> PipeProcess:
+        fds: list[int] = []
+        try:
+            for _ in range(3):
+                fds.extend(os.pipe())
+            stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = fds
+            child_ends = [stdin_r, stdout_w, stderr_w]
+            pid = self._start_on_pipes(spec, executable, env, cwd, (stdin_r, stdout_w, stderr_w))
+        except BaseException:
+            _close_all(fds)
+            raise
+        _close_all(child_ends)
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.set_blocking(fd, False)
+        return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
+                                 FdSource(stderr_r, growable=True), self.live, self._leader_reaped,
+                                 watch=self.watch)
+
+    @abstractmethod
+    def _start_on_terminal(self, spec: ProcessSpec, executable: str, env: list[bytes],
+                           cwd: str) -> tuple[int, int]:
+        """Start ``executable`` as the leader of a new session whose controlling terminal is
+        a new PTY of ``spec``'s size; (pid, master). Raises SpawnError."""
+
+    @abstractmethod
+    def _start_on_pipes(self, spec: ProcessSpec, executable: str, env: list[bytes], cwd: str,
+                        stdio: tuple[int, int, int]) -> int:
+        """Start ``executable`` with ``stdio`` as fds 0-2, leading a new session; its pid.
+        Raises SpawnError."""
+
+
+class LocalBackend(ChildBackend):
+    """The fast path: children started by posix_spawn with no Python code in the child."""
+
+    def _start_on_terminal(self, spec: ProcessSpec, executable: str, env: list[bytes],
+                           cwd: str) -> tuple[int, int]:
+        master, slave = os.openpty()
+        try:
+            set_window_size(slave, spec.rows, spec.cols)
+            pid = spawn(executable, spec.argv, env, cwd, Stdio(tty_path=os.ttyname(slave)))
+        except BaseException:
+            _close_all([master, slave])
+            raise
+        os.close(slave)
+        return pid, master
+
+    def _start_on_pipes(self, spec: ProcessSpec, executable: str, env: list[bytes], cwd: str,
+                        stdio: tuple[int, int, int]) -> int:
+        return spawn(executable, spec.argv, env, cwd, Stdio(fds=stdio))

@@ -1,0 +1,147 @@
+"""Command line: `ttyserve serve`, `exec` and `sessions`. The only place that calls sys.exit."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import config
+from .addresses import default_address, parse_address
+from .credentials import read_token
+from .errors import AddressError, ConfigError, UsageError
+from .exitcodes import ExecExit, ServeExit
+from .version import __version__
+
+DESCRIPTION = """\
+Run processes on this host under a PTY or pipes and serve them to remote clients
+(serve), run a command on such a server as if it ran here (exec), or list the
+sessions a server recorded (sessions). `ttyserve COMMAND --help` for details."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with the subcommand's own usage code."""
+
+    usage_exit: int = ServeExit.USAGE
+    subcommands: dict[str, _Parser]
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(self.usage_exit)
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="ttyserve", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ttyserve {__version__}")
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser,
+                                     title="commands", metavar="COMMAND")
+    parser.subcommands = commands.choices
+
+    serve = commands.add_parser("serve", help="run the server")
+    config.add_arguments(serve)
+
+    run = commands.add_parser("exec", help="run a command on a server")
+    run.usage_exit = ExecExit.FAILURE
+    run.add_argument("--connect", metavar="ADDR",
+                     help="server address (default: $TTYSERVE_CONNECT, else the user's socket)")
+    run.add_argument("--token-file", metavar="FILE",
+                     help="file (mode 600) holding the server's token (default: $TTYSERVE_TOKEN)")
+    run.add_argument("--tls-ca", metavar="FILE",
+                     help="CA certificates that sign the server's (default: the system's)")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("-t", dest="pty", action="store_const", const=True, help="force a PTY")
+    mode.add_argument("-T", dest="pty", action="store_const", const=False, help="force pipes")
+    run.add_argument("--env", action="append", type=_env_pair, default=[], metavar="K=V",
+                     help="set K to V in the remote command's environment (repeatable)")
+    run.add_argument("--cwd", metavar="DIR",
+                     help="remote working directory (default: the server's)")
+    run.add_argument("--retries", type=_non_negative, default=0, metavar="N",
+                     help="retry up to N times a failure that may pass (refused, busy, ...), "
+                          "only before the command starts (default 0)")
+    run.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARGV",
+                     help="the command and its arguments (default: the server's command)")
+
+    sessions = commands.add_parser("sessions", help="list recent sessions from a journal")
+    sessions.add_argument("--journal", metavar="FILE",
+                          help="journal file (default: $TTYSERVE_JOURNAL)")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session")
+    sessions.add_argument("--limit", type=_non_negative, default=50, metavar="N",
+                          help="most recent N sessions (default 50; 0 for all)")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve_cmd import serve_main
+
+    try:
+        settings = config.load(args)
+    except UsageError as exc:
+        sys.stderr.write(f"ttyserve serve: {exc}\n")
+        return ServeExit.USAGE
+    except ConfigError as exc:
+        sys.stderr.write(f"ttyserve serve: {exc}\n")
+        return ServeExit.CONFIG
+    return serve_main(settings)
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from .exec_cmd import ExecOptions, exec_main
+
+    connect = args.connect or os.environ.get("TTYSERVE_CONNECT")
+    try:
+        address = parse_address(connect) if connect else default_address()
+        token = read_token(args.token_file)
+    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
+        sys.stderr.write(f"ttyserve exec: {exc}\n")
+        return ExecExit.FAILURE
+    remote = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    return exec_main(ExecOptions(address, remote, args.pty, dict(args.env), args.cwd,
+                                 args.retries, args.json, token, args.tls_ca))
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    from .sessions_cmd import sessions_main
+
+    path = args.journal or os.environ.get("TTYSERVE_JOURNAL")
+    if not path:
+        sys.stderr.write("ttyserve sessions: no journal: give --journal FILE or set "
+                         "TTYSERVE_JOURNAL\n")
+        return ServeExit.USAGE
+    return sessions_main(path, args.json, args.limit)
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv``; a usage error exits with its subcommand's code (`exec`: 255)."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # argparse leaves a subcommand's unknown flags to the top-level parser, which
+        # would exit 2: the subcommand reports them, with its own usage and exit code.
+        parser.subcommands[args.subcommand].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    handlers = {"serve": _serve, "exec": _exec, "sessions": _sessions}
+    sys.exit(handlers[args.subcommand](args))

@@ -1,0 +1,118 @@
+"""Every error: the wire's error codes (protocol section 6), and every exception
+ttyserve raises on purpose, in one tree.
+
+    TtyserveError                   catch this to catch anything ttyserve means to raise
+    ├── ProtocolError               protocol v1 was broken
+    │   ├── LocalProtocolError      by this side: the core refused to frame it (a bug, or
+    │   │                           misuse of the API); nothing was sent
+    │   └── RemoteProtocolError     by the peer: the connection is over
+    ├── RequestError                one request refused with an `error` message: raised by
+    │                               the server to refuse it, by the client when refused
+    ├── ConnectionLost              the connection ended before the session did
+    ├── SessionCancelled            this side cancelled the session: no `exit` will come
+    ├── SpawnError (an OSError)     the process could not be started; `errno` says why
+    ├── AddressError (a ValueError) an address that does not parse
+    ├── ConfigError                 a setting that cannot be used (`serve` exits 3)
+    │   ├── UsageError              a bad command-line flag (`serve` exits 2)
+    │   └── ListenError             an address that cannot be bound (`serve` exits 3)
+    └── LeaseError                  another live server holds the socket or journal (exit 4)
+
+Foreign exceptions are translated once, where they enter (`from exc`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The `code` member of an `error` message (protocol section 6)."""
+
+    UNAUTHORIZED = "unauthorized"
+    UNSUPPORTED_PROTOCOL = "unsupported_protocol"
+    PROTOCOL_ERROR = "protocol_error"
+    BUSY = "busy"
+    SHUTTING_DOWN = "shutting_down"
+    BAD_REQUEST = "bad_request"
+    FORBIDDEN = "forbidden"
+    SPAWN_FAILED = "spawn_failed"
+    UNKNOWN_MESSAGE = "unknown_message"
+    CHANNEL_IN_USE = "channel_in_use"
+
+
+RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
+
+
+class TtyserveError(Exception):
+    """The base of every exception ttyserve raises on purpose."""
+
+
+class ProtocolError(TtyserveError):
+    """Protocol v1 was broken. ``code`` is what a server reports on channel 0."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class LocalProtocolError(ProtocolError):
+    """This side asked the core for something the protocol forbids; nothing was sent."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol: the connection must close."""
+
+
+class RequestError(TtyserveError):
+    """One request refused with ``code``; the connection goes on.
+
+    ``retriable`` says whether the same request may succeed if sent again
+    unchanged (from the code, unless the peer said otherwise).
+    """
+
+    def __init__(self, code: ErrorCode | str, message: str, *, errno: int | None = None,
+                 retry_after_ms: int | None = None, retriable: bool | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.errno = errno
+        self.retry_after_ms = retry_after_ms
+        self.retriable = code in RETRIABLE if retriable is None else retriable
+
+
+class ConnectionLost(TtyserveError):
+    """The connection ended before the session's `exit` (or its refusal) arrived."""
+
+
+class SessionCancelled(TtyserveError):
+    """This side cancelled the session: the server sends nothing more for it."""
+
+
+class SpawnError(TtyserveError, OSError):
+    """The process could not be started; ``errno`` says why, ``strerror`` for people."""
+
+
+class AddressError(TtyserveError, ValueError):
+    """An address that does not parse; the message names it."""
+
+
+class ConfigError(TtyserveError):
+    """A setting that cannot be used; the message names where it came from."""
+
+
+class UsageError(ConfigError):
+    """A bad command-line flag (exit 2 rather than 3)."""
+
+
+class ListenError(ConfigError):
+    """An address cannot be bound (a configuration error: exit 3)."""
+
+
+class LeaseError(TtyserveError):
+    """Another live process holds the lease (exit 4); the message names its pid."""
+
+    def __init__(self, what: str, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "another process"
+        super().__init__(f"{what} is held by {holder}")
+        self.pid = pid

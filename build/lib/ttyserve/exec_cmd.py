@@ -1,0 +1,289 @@
+"""`ttyserve exec`: run one remote command as if it ran here.
+
+Output goes to our stdout and stderr byte for byte, the exit code follows
+the contract's table, signals sent to us are forwarded, and a local terminal
+in raw mode is restored on every way out.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import json
+import os
+import random
+import signal
+import ssl
+import stat
+import sys
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from . import terminal
+from .addresses import Address
+from .client import Session, connect
+from .credentials import tls_context
+from .errors import ConfigError, ConnectionLost, ErrorCode, RemoteProtocolError, RequestError
+from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
+from .protocol.messages import DEFAULT_TERM, Error, Exit, SignalName, error_message
+
+READ_SIZE = 64 * 1024
+BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
+BACKOFF_CAP = 5.0
+FORWARDED: dict[signal.Signals, SignalName] = {
+    signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGHUP: "HUP", signal.SIGQUIT: "QUIT",
+}
+_RETRIABLE_ERRNOS = frozenset({
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOENT, errno.ETIMEDOUT, errno.EAGAIN,
+    errno.ECONNABORTED, errno.EPIPE,
+})
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    address: Address
+    argv: list[str]
+    pty: bool | None = None  # None: a PTY when stdin is a terminal
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    retries: int = 0
+    json: bool = False
+    token: str | None = None
+    tls_ca: str | None = None
+
+
+class ExecFailure(Exception):
+    """`exec` cannot go on; ``code`` is its exit code, the message says why."""
+
+    def __init__(self, code: int, message: str, error: Error | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.error = error
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"ttyserve exec: {message}\n")
+    sys.stderr.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Output:
+    """Where remote output and events go: raw bytes, or JSON lines with --json."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def event(self, name: str, **members: object) -> None:
+        if self.as_json:
+            line = json.dumps({"event": name, **members}, separators=(",", ":"))
+            _write_all(1, line.encode() + b"\n")
+
+    def data(self, stream: str, data: bytes) -> None:
+        if self.as_json:
+            self.event(stream, data=base64.b64encode(data).decode("ascii"))
+        else:
+            _write_all(2 if stream == "stderr" else 1, data)
+
+
+def _error_members(error: Error) -> dict[str, object]:
+    return {k: v for k, v in (
+        ("code", error.code), ("message", error.message), ("errno", error.errno),
+        ("retriable", error.retriable), ("retry_after_ms", error.retry_after_ms),
+    ) if v is not None}
+
+
+def _exit_members(status: Exit) -> dict[str, object]:
+    return {k: v for k, v in (
+        ("code", status.code), ("signal", status.signal),
+        ("core_dumped", status.core_dumped), ("error", status.error),
+    ) if v is not None}
+
+
+def _retriable(exc: BaseException) -> tuple[bool, float | None]:
+    """Whether a failure before `opened` may be retried, and the server's hint in seconds."""
+    if isinstance(exc, RequestError):
+        hint = exc.retry_after_ms
+        return exc.retriable, hint / 1000 if hint is not None else None
+    if isinstance(exc, OSError):
+        return exc.errno in _RETRIABLE_ERRNOS or isinstance(exc, TimeoutError), None
+    return isinstance(exc, ConnectionLost), None
+
+
+@contextlib.asynccontextmanager
+async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
+                        out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
+    """Connect and open, retrying only what is retriable and only before `opened`."""
+    tls: ssl.SSLContext | None = None
+    if options.address.encrypted:
+        try:
+            tls = tls_context("client", cafile=options.tls_ca)
+        except ConfigError as exc:  # a bad CA file: no retry can help
+            raise ExecFailure(ExecExit.FAILURE, str(exc)) from exc
+    for attempt in range(options.retries + 1):
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(
+                    connect(options.address, token=options.token, tls=tls))
+                session = await conn.spawn(
+                    options.argv, pty=pty, rows=size[0], cols=size[1],
+                    term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
+                    env=options.env, cwd=options.cwd)
+            except (OSError, RequestError, ConnectionLost) as exc:
+                retriable, hint = _retriable(exc)
+                if not retriable or attempt == options.retries:
+                    raise _failure(exc, options, retriable) from exc
+                delay = hint if hint is not None else min(
+                    BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
+                _say(f"{_describe(exc, options)}; retrying in {delay:.2f}s "
+                     f"({attempt + 1}/{options.retries})")
+                await stack.aclose()
+                signum = await _sleep_unless_signalled(delay, signals)
+                if signum is not None:
+                    code = (ExecExit.INTERRUPTED if signum == signal.SIGINT
+                            else ExecExit.SIGNAL_BASE + signum)
+                    raise ExecFailure(code, f"{signal.Signals(signum).name} while waiting to "
+                                            "retry: nothing was started") from exc
+                continue
+            out.event("opened", pid=session.pid)
+            yield session
+            return
+
+
+async def _sleep_unless_signalled(delay: float, signals: AsyncIterator[int]) -> int | None:
+    """Wait ``delay`` seconds between retries; a signal to stop (not SIGWINCH) ends it early."""
+    with anyio.move_on_after(delay):
+        async for signum in signals:
+            if signum in FORWARDED:
+                return signum
+    return None
+
+
+def _describe(exc: BaseException, options: ExecOptions) -> str:
+    if isinstance(exc, RequestError):
+        return f"the server refused: {exc.code}: {exc.message}"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {options.address}: {exc.strerror or exc}"
+    return str(exc)
+
+
+def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
+    message = f"{_describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
+    if isinstance(exc, RequestError):
+        code: int = ExecExit.FAILURE
+        if exc.code == ErrorCode.SPAWN_FAILED:
+            code = exec_spawn_failure_code(exc.errno)
+        return ExecFailure(code, message, error_message(exc))
+    return ExecFailure(ExecExit.FAILURE, message)
+
+
+async def _quietly(work: Awaitable[None]) -> None:
+    """Run a helper pump; a lost connection is reported by the output loop, not here."""
+    try:
+        await work
+    except (ConnectionLost, RemoteProtocolError):
+        pass
+
+
+async def _pump_stdin(session: Session, pty: bool) -> None:
+    """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin)."""
+    try:
+        pollable = not stat.S_ISREG(os.fstat(0).st_mode)
+    except OSError:
+        return  # no stdin at all
+    while True:
+        if pollable:
+            try:
+                await anyio.wait_readable(0)
+            except OSError:
+                pollable = False  # e.g. /dev/null: epoll refuses it, and reads never block
+        try:
+            data = os.read(0, READ_SIZE)
+        except BlockingIOError:
+            continue  # a non-blocking stdin we share with someone else: wait again
+        except OSError as exc:
+            _say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
+            data = b""
+        if not data:
+            if not (pty and os.isatty(0)):
+                await session.eof()
+            return
+        await session.send(data)
+
+
+async def _stream(session: Session, out: Output, pty: bool, raw: bool,
+                  signals: AsyncIterator[int]) -> int:
+    abort: ExecFailure | None = None
+
+    async def forward_signals(scope: anyio.CancelScope) -> None:
+        nonlocal abort
+        interrupted = False
+        async for signum in signals:
+            if signum == signal.SIGWINCH:
+                if pty:
+                    await session.resize(*terminal.window_size(0 if raw else 1))
+            elif signum == signal.SIGINT and interrupted:
+                abort = ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
+                scope.cancel()
+            else:
+                interrupted = interrupted or signum == signal.SIGINT
+                await session.signal(FORWARDED[signal.Signals(signum)])
+
+    lost: ConnectionLost | RemoteProtocolError | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
+        tg.start_soon(_quietly, _pump_stdin(session, pty))
+        try:
+            async for chunk in session:
+                try:
+                    out.data(chunk.stream, chunk.data)
+                except BrokenPipeError:
+                    abort = ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGPIPE,
+                                        "local output closed")
+                    break
+        except (ConnectionLost, RemoteProtocolError) as exc:
+            lost = exc
+        tg.cancel_scope.cancel()
+    if lost is not None:
+        raise lost
+    if abort is not None:
+        await session.cancel()
+        raise abort
+    assert session.status is not None
+    out.event("exit", **_exit_members(session.status))
+    return exec_exit_code(session.status)
+
+
+async def _exec(options: ExecOptions) -> int:
+    stdin_tty = os.isatty(0)
+    pty = options.pty if options.pty is not None else stdin_tty
+    raw = pty and stdin_tty and not options.json
+    out = Output(options.json)
+    size = terminal.window_size(0 if stdin_tty else 1)
+    with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
+        try:
+            async with _open_session(options, pty, size, out, signals) as session:
+                with terminal.raw_mode(0) if raw else contextlib.nullcontext():
+                    return await _stream(session, out, pty, raw, signals)
+        except ExecFailure as exc:
+            _say(str(exc))
+            if options.json:
+                members = _error_members(exc.error) if exc.error else {"message": str(exc)}
+                out.event("error", **members)
+            return exc.code
+        except (ConnectionLost, RemoteProtocolError) as exc:
+            _say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
+            return ExecExit.FAILURE
+    raise AssertionError("unreachable")
+
+
+def exec_main(options: ExecOptions) -> int:
+    return anyio.run(_exec, options)

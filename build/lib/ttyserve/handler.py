@@ -1,0 +1,220 @@
+"""One client connection, as I/O only: feed the core, act on its events, send what it framed.
+
+The protocol core decides every rule; the gate decides who may go on; the
+registry admits and runs sessions. What is left here is the reader loop, the
+handshake deadline, the channel-to-session table and the close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from .attachment import Attachment
+from .auth import Gate, Peer
+from .errors import RemoteProtocolError, RequestError
+from .outbox import Outbox
+from .protocol.messages import Eof
+from .protocol.server import (
+    CancelRequested,
+    ControlReceived,
+    CreditGranted,
+    HelloReceived,
+    OpenRequested,
+    ServerConnection,
+    ServerEvent,
+    StdinReceived,
+)
+from .registry import SessionRegistry, shutting_down
+from .transport import Transport
+from .version import __version__
+
+log = logging.getLogger("ttyserve")
+
+READ_SIZE = 256 * 1024
+CLOSE_TIMEOUT = 2.0  # seconds to send our EOF and drain the client's bytes at the end
+SERVER_NAME = f"ttyserve/{__version__}"
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
+
+class ConnectionHandler:
+    """Serves one connection from `hello` to close."""
+
+    def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
+                 on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
+        settings = registry.settings
+        self.transport = transport
+        self.peer = peer
+        self.registry = registry
+        self.gate = gate
+        self.core = ServerConnection(settings.max_frame, settings.stdin_window)
+        self.attachments: dict[int, Attachment] = {}
+        self._handshake_timeout = settings.handshake_timeout
+        self._on_closed = on_closed
+        self._read_scope = anyio.CancelScope()
+        self.outbox = Outbox(transport, on_broken=self._read_scope.cancel)
+        self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
+        self._draining = False
+
+    # --- lifecycle ---------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until the client leaves, breaks the protocol, or its one session ends."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self.outbox.attach(tg)
+                self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
+                try:
+                    with self._read_scope:
+                        await self._read_loop()
+                    if not self.core.handshake_done and not self.core.closing and (
+                            anyio.current_time() >= self._read_scope.deadline):
+                        log.info("%s: no hello and open in time: dropped", self.peer)
+                        self.core.close(RemoteProtocolError(
+                            f"no {'open' if self.core.hello else 'hello'} within "
+                            f"{self._handshake_timeout:g} s"))
+                finally:
+                    self.core.close()  # nothing more is framed: what is framed still goes out
+                    for attachment in list(self.attachments.values()):
+                        attachment.session.cancel()  # the client has gone: as `cancel` does
+                self.flush_nowait()
+                self.outbox.close()
+                # The session's last frames go out however slowly the client reads;
+                # a client that never reads holds only its own connection.
+                await self.outbox.done.wait()
+                tg.cancel_scope.cancel()
+            if not self.outbox.broken:
+                await self._close_gracefully()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.transport.aclose()
+            if self._on_closed is not None:
+                self._on_closed(self)  # after the close: "no handlers" means all closed
+
+    def begin_shutdown(self) -> None:
+        """Graceful shutdown (the registry hung the sessions up): close once none is left."""
+        self._draining = True
+        if not self.attachments:
+            self._close(shutting_down() if self.core.hello is not None else None)
+
+    def _close(self, error: RequestError | None = None) -> None:
+        self.core.close(error)
+        self._read_scope.cancel()
+
+    async def _close_gracefully(self) -> None:
+        """Our EOF first, then drain theirs: closing on unread bytes would reset the
+        connection and could destroy the last frames the client has not read yet.
+        (TLS cannot half-close: there we only drain until the client closes.)"""
+        with anyio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                try:
+                    await self.transport.send_eof(protocol_error=self.core.error is not None)
+                except NotImplementedError:
+                    pass
+                while True:
+                    await self.transport.receive(READ_SIZE)
+            except _GONE:
+                pass
+
+    # --- sending (the Carrier of attachments) ------------------------------
+
+    def flush_nowait(self) -> None:
+        if self.core.pending and not self.outbox.broken:
+            try:
+                self.outbox.push(self.core.data_to_send())
+            except anyio.BrokenResourceError:
+                pass  # the outbox has cancelled the reader: the connection is going
+
+    async def flush(self) -> None:
+        self.flush_nowait()
+        await self.outbox.wait_for_room()
+
+    def detach(self, attachment: Attachment) -> None:
+        if self.attachments.get(attachment.channel) is attachment:
+            del self.attachments[attachment.channel]
+        if self.core.closing or (self._draining and not self.attachments):
+            self._read_scope.cancel()
+
+    # --- reader ------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        core = self.core
+        while not core.closing:
+            try:
+                data = await self.transport.receive(READ_SIZE)
+            except _GONE:
+                return
+            except RemoteProtocolError as exc:  # the carriage was misused
+                log.info("%s: %s: %s", self.peer, exc.code, exc.message)
+                core.close(exc)
+                return
+            core.receive_data(data)
+            try:
+                while (event := core.next_event()) is not None:
+                    await self._handle(event)
+            except RemoteProtocolError as exc:
+                log.info("%s: %s: %s", self.peer, exc.code, exc.message)
+            if core.handshake_done:
+                self._read_scope.deadline = float("inf")
+            await self.flush()
+
+    async def _handle(self, event: ServerEvent) -> None:
+        if isinstance(event, StdinReceived):
+            attachment = self.attachments.get(event.channel)
+            if attachment is not None:
+                await attachment.session.feed_stdin(event.data, wait=not self.core.windowed)
+        elif isinstance(event, CreditGranted):
+            attachment = self.attachments.get(event.channel)
+            if attachment is not None:
+                attachment.credit_granted()
+        elif isinstance(event, ControlReceived):
+            attachment = self.attachments.get(event.channel)
+            if attachment is not None:
+                if isinstance(event.message, Eof):
+                    attachment.session.feed_eof()
+                else:
+                    attachment.session.control(event.message)
+        elif isinstance(event, OpenRequested):
+            await self._open(event)
+        elif isinstance(event, CancelRequested):
+            attachment = self.attachments.pop(event.channel, None)
+            if attachment is not None:
+                attachment.session.cancel()
+        elif isinstance(event, HelloReceived):
+            await self._hello(event)
+
+    async def _hello(self, event: HelloReceived) -> None:
+        delay = self.gate.delay(self.peer)
+        if delay:
+            deadline = self._read_scope.deadline
+            self._read_scope.deadline = float("inf")  # the deadline must not cut the brake short
+            await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
+            self._read_scope.deadline = deadline + delay
+        try:
+            self.principal = self.gate.admit(self.peer, event.hello.token)
+        except RequestError as exc:
+            self.core.close(exc)
+            return
+        if self.registry.closing or self._draining:
+            self.core.close(shutting_down())
+            return
+        self.core.accept_hello(SERVER_NAME)
+
+    async def _open(self, event: OpenRequested) -> None:
+        channel = event.channel
+        try:
+            session = await self.registry.open(event.request, str(self.peer),
+                                               len(self.attachments))
+        except RequestError as exc:
+            self.core.refuse(channel, exc)
+            return
+        attachment = Attachment(self, channel, session)
+        self.attachments[channel] = attachment
+        session.attach(attachment)
+        self.registry.start(session)
+        if not self.core.opened(channel, session.pid, session.spec.argv):  # closed meanwhile?
+            self.attachments.pop(channel, None)
+            session.cancel()

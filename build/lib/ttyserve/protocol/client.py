@@ -1,0 +1,309 @@
+"""The client's end of protocol v1, without I/O: the mirror of `server.py`.
+
+Requests are framed here (and refused with LocalProtocolError when the
+protocol forbids them: an id used twice, STDIN beyond the server's window);
+received frames are checked against every rule a server must keep, so a
+server that sends after `exit` or overdraws a channel's credit is a
+RemoteProtocolError at once.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from ..errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
+from .channels import Channel, ChannelState, ChannelTable, Step, next_state
+from .frames import (
+    DEFAULT_MAX_FRAME,
+    SERVER_KINDS,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    encode_frame,
+)
+from .messages import (
+    SERVER_MESSAGES,
+    Cancel,
+    Error,
+    Exit,
+    Hello,
+    Message,
+    Open,
+    Opened,
+    Welcome,
+    Window,
+    convert_message,
+    encode_message,
+    parse_object,
+)
+
+RECENT_ENDS = 1024  # channels the server ended that we remember, to catch a frame after the end
+
+
+@dataclass(frozen=True, slots=True)
+class WelcomeReceived:
+    welcome: Welcome
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedReceived:
+    channel: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRefused:
+    """The `open` on ``channel`` was answered with `error`; the channel has ended."""
+
+    channel: int
+    error: Error
+
+
+@dataclass(frozen=True, slots=True)
+class OutputReceived:
+    channel: int
+    kind: FrameKind  # STDOUT or STDERR
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ExitReceived:
+    channel: int
+    exit: Exit
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReceived:
+    """An `error` on channel 0 (the connection) or refusing a control message on N."""
+
+    channel: int
+    error: Error
+
+
+@dataclass(frozen=True, slots=True)
+class StdinCreditGranted:
+    """The server granted more STDIN credit on ``channel``."""
+
+    channel: int
+
+
+ClientEvent = (
+    WelcomeReceived | OpenedReceived | OpenRefused | OutputReceived | ExitReceived
+    | ErrorReceived | StdinCreditGranted
+)
+
+
+class ClientConnection:
+    """One connection as the client sees it."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._decoder = FrameDecoder(max_frame)
+        self.channels = ChannelTable()
+        self.hello_sent: Hello | None = None
+        self.welcome: Welcome | None = None
+        self._ended_by_server: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._frames: collections.deque[Frame] = collections.deque()
+        self.error: RemoteProtocolError | None = None  # the server broke the protocol
+
+    # --- requests ---------------------------------------------------------------
+
+    def hello(self, hello: Hello) -> bytes:
+        if self.hello_sent is not None:
+            raise LocalProtocolError("'hello' was already sent")
+        self.hello_sent = hello
+        return _control_frame(0, hello)
+
+    def open(self, channel: int, request: Open) -> bytes:
+        """Frame an `open`; the channel is opening until `opened` or its refusal."""
+        if self.hello_sent is None:
+            raise LocalProtocolError("'open' before 'hello'")
+        if channel < 1 or self.channels.state(channel) is not None:
+            raise LocalProtocolError(f"channel {channel} cannot be opened (0, or used before)")
+        if not self.hello_sent.multiplex and len(self.channels.used):
+            raise LocalProtocolError("this connection carries one session (multiplex is false)")
+        self.channels.begin(channel, Channel(
+            ChannelState.OPENING, pty=request.pty, output_credit=self.hello_sent.window,
+            stdin_credit=self._initial_stdin_credit()))
+        return _control_frame(channel, request)
+
+    def _initial_stdin_credit(self) -> int | None:
+        assert self.hello_sent is not None
+        if self.hello_sent.window is None:
+            return None
+        if self.welcome is None:
+            return 0  # the window is not known before `welcome`
+        return self.welcome.window
+
+    def stdin_credit(self, channel: int) -> int | None:
+        """STDIN the channel may send now: None for no limit, 0 to wait for a grant."""
+        record = self.channels.live.get(channel)
+        return 0 if record is None else record.stdin_credit
+
+    def stdin(self, channel: int, data: bytes) -> bytes:
+        """Frame STDIN; LocalProtocolError beyond the channel's credit."""
+        record = self.channels.live.get(channel)
+        if record is None:
+            raise LocalProtocolError(f"channel {channel} is not live")
+        if record.stdin_credit is not None:
+            if len(data) > record.stdin_credit:
+                raise LocalProtocolError(f"channel {channel}: {len(data)} bytes of STDIN exceed "
+                                         f"its credit of {record.stdin_credit}")
+            record.stdin_credit -= len(data)
+        return encode_frame(FrameKind.STDIN, channel, data)
+
+    def control(self, channel: int, message: Message) -> bytes:
+        """Frame `resize`, `signal`, `eof` or `window` (which adds output credit)."""
+        if isinstance(message, Cancel):
+            return self.cancel(channel)
+        record = self.channels.live.get(channel)
+        if record is None:
+            raise LocalProtocolError(f"channel {channel} is not live")
+        if isinstance(message, Window) and record.output_credit is not None:
+            record.output_credit += message.bytes
+        return _control_frame(channel, message)
+
+    def output_consumed(self, channel: int, size: int) -> bytes:
+        """The application took ``size`` bytes of the channel's output: a `window` frame
+        granting them back once half the window was taken, else b"" (section 7)."""
+        record = self.channels.live.get(channel)
+        window = self.hello_sent.window if self.hello_sent is not None else None
+        if record is None or window is None:
+            return b""
+        record.output_consumed += size
+        if record.output_consumed < max(1, window // 2):
+            return b""
+        grant, record.output_consumed = record.output_consumed, 0
+        return self.control(channel, Window(bytes=grant))
+
+    def cancel(self, channel: int) -> bytes:
+        """Frame `cancel`: the channel ends here; what the server sent meanwhile is dropped."""
+        if not self.channels.step(channel, Step.CANCELLED):
+            return b""
+        return _control_frame(channel, Cancel())
+
+    # --- what the server sends ------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed received bytes; take the events out with `next_event`."""
+        if self.error is None:
+            self._frames.extend(self._decoder.feed(data))
+
+    def next_event(self) -> ClientEvent | None:
+        """The next event, or None until more data comes; unknown message types are skipped.
+
+        Raises RemoteProtocolError at the first frame that breaks the protocol (the
+        events before it were handed out), and again on every later call.
+        """
+        if self.error is not None:
+            raise self.error
+        try:
+            while self._frames:
+                frame = self._frames.popleft()
+                if frame.kind not in SERVER_KINDS:
+                    raise RemoteProtocolError(
+                        f"frame kind {frame.kind.name} is not sent by servers")
+                if self.welcome is None and frame.channel != 0:
+                    raise RemoteProtocolError(f"channel {frame.channel} before 'welcome'")
+                if frame.kind is FrameKind.CTRL_OUT:
+                    event = self._control(frame.channel, frame.payload)
+                else:
+                    event = self._output(frame.channel, frame.kind, frame.payload)
+                if event is not None:
+                    return event
+            self._decoder.check()
+        except RemoteProtocolError as exc:
+            self.error = exc
+            self._frames.clear()
+            raise
+        return None
+
+    def _live(self, channel: int, what: str) -> Channel | None:
+        """The channel's record; None when it ended on our side (the frame is dropped)."""
+        record = self.channels.live.get(channel)
+        if record is not None:
+            return record
+        if channel in self._ended_by_server:
+            raise RemoteProtocolError(f"{what} on channel {channel} after its last frame")
+        if channel not in self.channels.used:
+            raise RemoteProtocolError(f"{what} on channel {channel}, which was never opened")
+        return None  # cancelled here, or ended long ago
+
+    def _output(self, channel: int, kind: FrameKind, payload: bytes) -> OutputReceived | None:
+        record = self._live(channel, kind.name)
+        if record is None:
+            return None
+        if record.state is not ChannelState.OPEN:
+            raise RemoteProtocolError(f"{kind.name} on channel {channel} before 'opened'")
+        if kind is FrameKind.STDERR and record.pty:
+            raise RemoteProtocolError(f"STDERR on channel {channel}, a PTY session")
+        if record.output_credit is not None:
+            record.output_credit -= len(payload)
+            if record.output_credit < 0:
+                raise RemoteProtocolError(f"channel {channel}: output beyond the credit granted")
+        return OutputReceived(channel, kind, payload) if payload else None
+
+    def _control(self, channel: int, payload: bytes) -> ClientEvent | None:
+        msg_type, obj = parse_object(payload)
+        if msg_type not in SERVER_MESSAGES:
+            return None
+        try:
+            message = convert_message(msg_type, obj, SERVER_MESSAGES)
+        except RequestError as exc:
+            raise RemoteProtocolError(exc.message) from exc
+        if channel == 0:
+            return self._connection_message(message)
+        if isinstance(message, Error) and channel not in self.channels.used:
+            return ErrorReceived(channel, message)  # the answer to a request on a new channel
+        record = self._live(channel, repr(msg_type))
+        if record is None:
+            return None
+        if isinstance(message, Error):
+            if record.state is ChannelState.OPENING:
+                self.channels.step(channel, Step.REFUSED)
+                self._remember_end(channel)
+                return OpenRefused(channel, message)
+            return ErrorReceived(channel, message)
+        if isinstance(message, Window):
+            if record.stdin_credit is not None:
+                record.stdin_credit += message.bytes
+            return StdinCreditGranted(channel)
+        step = Step.OPENED if isinstance(message, Opened) else Step.EXITED
+        if not isinstance(message, Opened | Exit) or next_state(record.state, step) is None:
+            raise RemoteProtocolError(
+                f"{msg_type!r} on channel {channel} while it is {record.state.value}")
+        self.channels.step(channel, step)
+        if isinstance(message, Opened):
+            return OpenedReceived(channel, message.pid)
+        assert isinstance(message, Exit)
+        self._remember_end(channel)
+        return ExitReceived(channel, message)
+
+    def _connection_message(self, message: Message) -> ClientEvent | None:
+        if isinstance(message, Welcome):
+            if self.welcome is not None:
+                raise RemoteProtocolError("a second 'welcome'")
+            self.welcome = message  # its max_frame bounds what we send; we receive by our own
+            if self.hello_sent is not None and self.hello_sent.window is not None:
+                for opened in self.channels.live.values():  # opened before the window was known
+                    opened.stdin_credit = message.window
+            return WelcomeReceived(message)
+        if not isinstance(message, Error):
+            raise RemoteProtocolError(f"'{type(message).__name__.lower()}' on channel 0")
+        named = message.channel
+        if message.code == ErrorCode.CHANNEL_IN_USE and named is not None:
+            named_record = self.channels.live.get(named)
+            if named_record is not None and named_record.state is ChannelState.OPENING:
+                self.channels.step(named, Step.REFUSED)
+                self._remember_end(named)
+                return OpenRefused(named, message)
+        return ErrorReceived(0, message)
+
+    def _remember_end(self, channel: int) -> None:
+        self._ended_by_server[channel] = None
+        if len(self._ended_by_server) > RECENT_ENDS:
+            self._ended_by_server.popitem(last=False)
+
+
+def _control_frame(channel: int, message: Message) -> bytes:
+    return encode_frame(FrameKind.CTRL_IN, channel, encode_message(message))

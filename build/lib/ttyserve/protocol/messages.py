@@ -1,0 +1,171 @@
+"""Control messages of protocol v1 as msgspec tagged structs.
+
+Every optional member has a default, so a peer that omits it (or an older
+peer) still decodes; members we do not know are ignored, as the contract asks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from ..errors import ErrorCode, ProtocolError, RemoteProtocolError, RequestError
+
+PROTOCOL_VERSION = 1
+# The defaults of `open` (section 4), written once: the backends and the client reuse them.
+DEFAULT_ROWS = 24
+DEFAULT_COLS = 80
+DEFAULT_TERM = "xterm-256color"
+
+Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
+ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+SignalName = Literal[
+    "INT", "TERM", "KILL", "HUP", "QUIT", "USR1", "USR2",
+    "WINCH", "CONT", "STOP", "TSTP", "ALRM", "PIPE",
+]
+
+
+class Message(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
+    """Base of every control message; `type` is the tag."""
+
+
+# --- client -> server -------------------------------------------------------
+
+
+class Hello(Message, tag="hello"):
+    protocol: int
+    token: str | None = None
+    client: str | None = None
+    multiplex: bool = False
+    window: ChannelCredit | None = None
+
+
+class Open(Message, tag="open"):
+    argv: list[str] = []
+    pty: bool = True
+    rows: Dimension = DEFAULT_ROWS
+    cols: Dimension = DEFAULT_COLS
+    term: str = DEFAULT_TERM
+    env: dict[str, str] = {}
+    cwd: str | None = None
+
+
+class Resize(Message, tag="resize"):
+    rows: Dimension
+    cols: Dimension
+
+
+class Signal(Message, tag="signal"):
+    name: SignalName
+
+
+class Eof(Message, tag="eof"):
+    pass
+
+
+class Cancel(Message, tag="cancel"):
+    pass
+
+
+class Window(Message, tag="window"):
+    """Credit: output credit from a client (CTRL_IN), STDIN credit from a server (CTRL_OUT)."""
+
+    bytes: ChannelCredit
+
+
+# --- server -> client -------------------------------------------------------
+
+
+class Welcome(Message, tag="welcome"):
+    protocol: int
+    server: str
+    max_frame: int
+    window: int | None = None
+
+
+class Opened(Message, tag="opened"):
+    pid: int
+    argv: list[str] | None = None  # what runs (the server's default when `open` had none)
+
+
+class Exit(Message, tag="exit"):
+    code: int
+    signal: str | None = None
+    core_dumped: bool | None = None
+    error: str | None = None
+
+
+class Error(Message, tag="error"):
+    code: str
+    message: str
+    errno: int | None = None
+    retriable: bool | None = None  # always sent by this server; None only from peers that omit it
+    retry_after_ms: int | None = None
+    channel: int | None = None  # channel_in_use on channel 0 names the ended channel
+
+
+ClientMessage = Hello | Open | Resize | Signal | Eof | Cancel | Window
+ServerMessage = Welcome | Opened | Exit | Error | Window
+
+CLIENT_MESSAGES: dict[str, type[Message]] = {
+    "hello": Hello, "open": Open, "resize": Resize, "signal": Signal,
+    "eof": Eof, "cancel": Cancel, "window": Window,
+}
+SERVER_MESSAGES: dict[str, type[Message]] = {
+    "welcome": Welcome, "opened": Opened, "exit": Exit, "error": Error, "window": Window,
+}
+
+_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
+
+
+def encode_message(message: Message) -> bytes:
+    """The JSON payload of a control frame."""
+    return _encoder.encode(message)
+
+
+def parse_object(payload: bytes) -> tuple[str, dict[str, Any]]:
+    """Decode a control payload to (type, object); anything else is a protocol error."""
+    try:
+        obj = _json_decoder.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RemoteProtocolError(f"control payload is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("control payload is not a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise RemoteProtocolError("control message has no string member 'type'")
+    return kind, obj
+
+
+def convert_message(
+    kind: str, obj: dict[str, Any], vocabulary: dict[str, type[Message]]
+) -> Message:
+    """Validate a decoded object as the message its `type` names.
+
+    Raises :class:`RequestError` with ``unknown_message`` for a type outside
+    ``vocabulary`` and ``bad_request`` for members of the wrong type or range.
+    """
+    cls = vocabulary.get(kind)
+    if cls is None:
+        raise RequestError(ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {kind!r}")
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"invalid {kind!r} message: {exc}") from exc
+
+
+def error_message(error: RequestError | ProtocolError, channel: int | None = None) -> Error:
+    """The wire form of a refusal (``channel`` names the id for channel_in_use on channel 0)."""
+    if isinstance(error, RequestError):
+        return Error(code=str(error.code), message=error.message, errno=error.errno,
+                     retriable=error.retriable, retry_after_ms=error.retry_after_ms,
+                     channel=channel)
+    return Error(code=str(error.code), message=error.message, retriable=False)
+
+
+def request_error(error: Error) -> RequestError:
+    """A received `error` as the exception a client raises."""
+    return RequestError(error.code, error.message, errno=error.errno,
+                        retry_after_ms=error.retry_after_ms, retriable=error.retriable)

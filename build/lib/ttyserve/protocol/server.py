@@ -1,0 +1,426 @@
+"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4 and 7.
+
+Bytes go in with `receive_data`; `next_event` hands out one event at a time,
+so the I/O layer's decisions (accept a hello, admit an open) take effect
+before the next frame is looked at. Every frame the server sends is made
+here and waits in one ordered buffer, `data_to_send`: answers keep the order
+of the requests, and nothing is ever framed on a channel that has ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from dataclasses import dataclass
+
+from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
+from .channels import Channel, ChannelState, ChannelTable, Step
+from .frames import (
+    CLIENT_KINDS,
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    encode_frame,
+)
+from .messages import (
+    CLIENT_MESSAGES,
+    PROTOCOL_VERSION,
+    Cancel,
+    Exit,
+    Hello,
+    Message,
+    Open,
+    Opened,
+    Welcome,
+    Window,
+    convert_message,
+    encode_message,
+    error_message,
+    parse_object,
+)
+
+Buffer = bytes | bytearray | memoryview
+DEFAULT_STDIN_WINDOW = 1 << 20  # STDIN credit per channel on windowed connections (section 7)
+
+
+class Stage(enum.Enum):
+    """Where a connection is (the server's view)."""
+
+    AWAITING_HELLO = "awaiting hello"
+    DECIDING = "deciding"  # `hello` received: answer it with accept_hello() or close()
+    READY = "ready"  # `welcome` sent
+    CLOSING = "closing"  # the connection's last frame is made: nothing more is read or framed
+
+
+# --- events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReceived:
+    hello: Hello
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequested:
+    """Admit it (then `opened`) or refuse it (`refuse`)."""
+
+    channel: int
+    request: Open
+
+
+@dataclass(frozen=True, slots=True)
+class StdinReceived:
+    channel: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReceived:
+    """`resize`, `signal` or `eof` for a live channel."""
+
+    channel: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGranted:
+    """A `window` added output credit to a live channel: waiting output may go on."""
+
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """The channel has ended; its session is to be ended with nothing more sent."""
+
+    channel: int
+
+
+ServerEvent = (
+    HelloReceived | OpenRequested | StdinReceived | ControlReceived | CreditGranted
+    | CancelRequested
+)
+
+
+class ServerConnection:
+    """One connection as the server sees it."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME,
+                 stdin_window: int = DEFAULT_STDIN_WINDOW) -> None:
+        self.max_frame = max_frame
+        self.stage = Stage.AWAITING_HELLO
+        self.hello: Hello | None = None
+        self.channels = ChannelTable()
+        self._stdin_window = stdin_window
+        self._grant_at = max(1, stdin_window // 2)
+        self._decoder = FrameDecoder(max_frame)
+        self._frames: collections.deque[Frame] = collections.deque()
+        self._out: list[Buffer] = []
+        self._session: int | None = None  # single-session: the channel that carries it
+        self._undecided: int | None = None  # the `open` whose answer the I/O layer owes
+        self.error: ProtocolError | None = None  # why the connection closed, if the protocol broke
+
+    # --- what the I/O layer asks ------------------------------------------------
+
+    @property
+    def multiplex(self) -> bool:
+        return self.hello is not None and self.hello.multiplex
+
+    @property
+    def windowed(self) -> bool:
+        """Whether credit applies in both directions (`hello` carried `window`)."""
+        return self.hello is not None and self.hello.window is not None
+
+    @property
+    def stdin_window(self) -> int | None:
+        """The STDIN credit each channel starts with, or None without windows."""
+        return self._stdin_window if self.windowed else None
+
+    @property
+    def handshake_done(self) -> bool:
+        """`hello` answered and, on a single-session connection, its session asked for."""
+        return self.stage is Stage.READY and (self.multiplex or self._session is not None)
+
+    @property
+    def closing(self) -> bool:
+        return self.stage is Stage.CLOSING
+
+    @property
+    def pending(self) -> bool:
+        """Whether framed bytes wait in the send buffer."""
+        return bool(self._out)
+
+    def data_to_send(self) -> list[Buffer]:
+        """Everything framed since the last call, in order (payloads are not copied)."""
+        out, self._out = self._out, []
+        return out
+
+    def output_credit(self, channel: int) -> int | None:
+        """Output the channel may still send: None for no limit, 0 once it has ended."""
+        record = self.channels.live.get(channel)
+        if record is None:
+            return 0
+        return record.output_credit
+
+    # --- input ------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed received bytes; take the events out with `next_event`."""
+        if self.stage is not Stage.CLOSING:
+            self._frames.extend(self._decoder.feed(data))
+
+    def next_event(self) -> ServerEvent | None:
+        """The next event, or None until more data comes.
+
+        Raises RemoteProtocolError when the peer broke the protocol; the
+        `protocol_error` answer is then framed and the connection is closing.
+        """
+        if self.stage is Stage.DECIDING:
+            raise LocalProtocolError("answer 'hello' with accept_hello() or close() first")
+        if self._undecided is not None and self.stage is not Stage.CLOSING:
+            raise LocalProtocolError(f"answer the 'open' on channel {self._undecided} with "
+                                     "opened() or refuse() first (answers keep request order)")
+        while self.stage is not Stage.CLOSING:
+            if not self._frames:
+                if self._decoder.error is not None:
+                    self._fail(self._decoder.error)
+                return None
+            try:
+                event = self._receive(self._frames.popleft())
+            except RemoteProtocolError as exc:
+                self._fail(exc)
+            if event is not None:
+                return event
+        self._frames.clear()
+        return None
+
+    def _fail(self, error: RemoteProtocolError) -> None:
+        self.close(error)
+        raise error
+
+    def _receive(self, frame: Frame) -> ServerEvent | None:
+        kind, channel, payload = frame.kind, frame.channel, frame.payload
+        if kind not in CLIENT_KINDS:
+            raise RemoteProtocolError(f"frame kind {kind.name} is not sent by clients")
+        if self.stage is Stage.AWAITING_HELLO:
+            return self._first_frame(kind, channel, payload)
+        if kind is FrameKind.STDIN:
+            return self._stdin(channel, payload)
+        return self._control(channel, payload)
+
+    def _first_frame(self, kind: FrameKind, channel: int, payload: bytes) -> HelloReceived:
+        if kind is not FrameKind.CTRL_IN or channel != 0:
+            raise RemoteProtocolError("the first frame must be 'hello' on channel 0")
+        msg_type, obj = parse_object(payload)
+        if msg_type != "hello":
+            raise RemoteProtocolError(f"the first message must be 'hello', not {msg_type!r}")
+        protocol = obj.get("protocol")
+        if not isinstance(protocol, int) or isinstance(protocol, bool):
+            raise RemoteProtocolError("'hello' needs an integer member 'protocol'")
+        if protocol != PROTOCOL_VERSION:
+            raise RemoteProtocolError(
+                f"protocol {protocol!r} is not supported; this server speaks {PROTOCOL_VERSION}",
+                ErrorCode.UNSUPPORTED_PROTOCOL)
+        try:
+            hello = convert_message(msg_type, obj, CLIENT_MESSAGES)
+        except RequestError as exc:
+            raise RemoteProtocolError(exc.message) from exc
+        assert isinstance(hello, Hello)
+        self.hello = hello
+        self.stage = Stage.DECIDING
+        return HelloReceived(hello)
+
+    def _stdin(self, channel: int, payload: bytes) -> StdinReceived | None:
+        record = self.channels.live.get(channel)
+        if record is None:
+            if channel in self.channels.used:
+                return None  # the channel has ended: discarded without a word
+            raise RemoteProtocolError(f"data for channel {channel}, which was never opened")
+        if record.stdin_credit is not None:
+            record.stdin_credit -= len(payload)
+            if record.stdin_credit < 0:
+                raise RemoteProtocolError(
+                    f"channel {channel}: STDIN beyond the window the server granted")
+        return StdinReceived(channel, payload) if payload else None
+
+    def _control(self, channel: int, payload: bytes) -> ServerEvent | None:
+        msg_type, obj = parse_object(payload)
+        if msg_type == "hello":
+            raise RemoteProtocolError("a second 'hello'")
+        if msg_type == "open":
+            return self._open(channel, obj)
+        state = self.channels.state(channel)
+        if state is ChannelState.ENDED:
+            return None
+        if msg_type not in CLIENT_MESSAGES:
+            self._frame_error(channel, RequestError(
+                ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {msg_type!r}"))
+            return None
+        if state is None:
+            raise RemoteProtocolError(
+                f"{msg_type!r} for channel {channel}, which was never opened")
+        try:
+            message = convert_message(msg_type, obj, CLIENT_MESSAGES)
+        except RequestError as exc:
+            self._frame_error(channel, exc)
+            return None
+        if isinstance(message, Cancel):
+            self.channels.step(channel, Step.CANCELLED)
+            self._channel_ended(channel)
+            return CancelRequested(channel)
+        if isinstance(message, Window):
+            record = self.channels.live[channel]
+            if record.output_credit is None:
+                return None  # no windows on this connection: nothing to add to
+            record.output_credit += message.bytes
+            return CreditGranted(channel)
+        return ControlReceived(channel, message)
+
+    def _open(self, channel: int, obj: dict[str, object]) -> OpenRequested | None:
+        if channel == 0:
+            raise RemoteProtocolError("'open' on channel 0")
+        state = self.channels.state(channel)
+        if state is ChannelState.ENDED:  # answered on channel 0: nothing follows a channel's end
+            self._frame_error(0, RequestError(
+                ErrorCode.CHANNEL_IN_USE, f"channel {channel} was already used"), channel)
+            return None
+        if state is not None:
+            self._frame_error(channel, RequestError(
+                ErrorCode.CHANNEL_IN_USE, f"channel {channel} is in use"))
+            return None
+        self.channels.used.add(channel)  # a refused open uses its id too
+        if not self.multiplex:
+            if self._session is not None:
+                self._frame_error(channel, RequestError(
+                    ErrorCode.BAD_REQUEST,
+                    "this connection carries one session (hello.multiplex is false)"))
+                return None
+            self._session = channel
+        try:
+            request = convert_message("open", obj, CLIENT_MESSAGES)
+        except RequestError as exc:
+            self._frame_error(channel, exc)
+            self._channel_ended(channel)
+            return None
+        assert isinstance(request, Open)
+        assert self.hello is not None
+        self.channels.begin(channel, Channel(
+            ChannelState.OPENING, pty=request.pty, output_credit=self.hello.window,
+            stdin_credit=self.stdin_window))
+        self._undecided = channel
+        return OpenRequested(channel, request)
+
+    # --- decisions and frames ---------------------------------------------------
+
+    def accept_hello(self, server: str) -> None:
+        """Answer `hello` with `welcome` (with the STDIN window when windows are on)."""
+        if self.stage is not Stage.DECIDING:
+            raise LocalProtocolError(f"no 'hello' to accept ({self.stage.value})")
+        self._frame_control(0, Welcome(protocol=PROTOCOL_VERSION, server=server,
+                                       max_frame=self.max_frame, window=self.stdin_window))
+        self.stage = Stage.READY
+
+    def close(self, error: RequestError | ProtocolError | None = None) -> None:
+        """End the connection, after an `error` on channel 0 if one is given.
+
+        Nothing more is read or framed; what is already framed still goes out.
+        """
+        if self.stage is Stage.CLOSING:
+            return
+        if error is not None:
+            self._frame_error(0, error)
+        if isinstance(error, ProtocolError):
+            self.error = error
+        self.stage = Stage.CLOSING
+
+    def opened(self, channel: int, pid: int, argv: list[str] | None = None) -> bool:
+        """Frame `opened` (with the command that runs); False when the connection closed."""
+        if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
+            return False
+        self._decided(channel)
+        self._frame_control(channel, Opened(pid=pid, argv=argv))
+        return True
+
+    def refuse(self, channel: int, error: RequestError) -> bool:
+        """Answer a request on ``channel`` with `error`; refusing an `open` ends the channel.
+
+        False when the channel has already ended (nothing is framed).
+        """
+        if channel == 0:
+            raise LocalProtocolError("refusals on channel 0 end the connection: use close()")
+        if self.stage is Stage.CLOSING:
+            return False
+        state = self.channels.state(channel)
+        if state is ChannelState.OPENING:
+            self.channels.step(channel, Step.REFUSED)
+            self._decided(channel)
+        elif state is None:
+            raise LocalProtocolError(f"channel {channel} was never opened")
+        elif state is ChannelState.ENDED:
+            return False
+        self._frame_error(channel, error)
+        if state is ChannelState.OPENING:
+            self._channel_ended(channel)
+        return True
+
+    def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> bool:
+        """Frame output, spending the channel's credit; the payload is not copied.
+
+        False once the channel has ended; LocalProtocolError for output the
+        protocol forbids (before `opened`, beyond the credit, STDERR of a PTY).
+        """
+        if self.stage is Stage.CLOSING:
+            return False
+        record = self.channels.live.get(channel)
+        if record is None or record.state is not ChannelState.OPEN:
+            if record is None and channel in self.channels.used:
+                return False
+            raise LocalProtocolError(f"channel {channel} is not open")
+        size = len(data)
+        if kind is not FrameKind.STDOUT and (kind is not FrameKind.STDERR or record.pty):
+            raise LocalProtocolError(f"{kind.name} is not output of this channel")
+        if record.output_credit is not None:
+            if size > record.output_credit:
+                raise LocalProtocolError(f"channel {channel}: {size} bytes of output exceed "
+                                         f"its credit of {record.output_credit}")
+            record.output_credit -= size
+        self._out.append(HEADER.pack(kind, channel, size))
+        self._out.append(data)
+        return True
+
+    def send_exit(self, channel: int, status: Exit) -> bool:
+        """Frame the channel's last frame, `exit` (it needs no credit)."""
+        if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.EXITED):
+            return False
+        self._frame_control(channel, status)
+        self._channel_ended(channel)
+        return True
+
+    def stdin_consumed(self, channel: int, size: int) -> None:
+        """The process took ``size`` bytes of the channel's input: grant them back once
+        half the window was taken (so a client always has at least half to send)."""
+        record = self.channels.live.get(channel)
+        if record is None or record.stdin_credit is None or self.stage is Stage.CLOSING:
+            return
+        record.stdin_consumed += size
+        if record.stdin_consumed >= self._grant_at:
+            grant, record.stdin_consumed = record.stdin_consumed, 0
+            record.stdin_credit += grant
+            self._frame_control(channel, Window(bytes=grant))
+
+    def _decided(self, channel: int) -> None:
+        if self._undecided == channel:
+            self._undecided = None
+
+    def _channel_ended(self, channel: int) -> None:
+        if channel == self._session:
+            self.stage = Stage.CLOSING  # single-session: the session's last frame ends it
+
+    def _frame_control(self, channel: int, message: Message) -> None:
+        self._out.append(encode_frame(FrameKind.CTRL_OUT, channel, encode_message(message)))
+
+    def _frame_error(self, channel: int, error: RequestError | ProtocolError,
+                     names: int | None = None) -> None:
+        self._frame_control(channel, error_message(error, names))

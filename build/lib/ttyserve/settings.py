@@ -1,0 +1,42 @@
+"""What a server is told, and every default, in one place.
+
+`config.py` reads these from flags, environment and TOML; tests and embedding
+programs build `ServerSettings` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .auth import Access
+from .policy import Policy
+from .protocol.frames import DEFAULT_MAX_FRAME
+from .protocol.server import DEFAULT_STDIN_WINDOW
+
+DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds for the drain before the watchdog forces the end
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds for `hello` (and, single-session, `open`)
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_SESSIONS = 1024
+DEFAULT_MAX_SESSIONS_PER_CONNECTION = 64
+
+__all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_STDIN_WINDOW", "ServerSettings"]
+
+
+@dataclass
+class ServerSettings:
+    """Everything one server and its connections share, read-only while serving."""
+
+    default_argv: list[str]
+    default_cwd: str | None = None
+    linger: float = DEFAULT_LINGER
+    max_frame: int = DEFAULT_MAX_FRAME
+    stdin_window: int = DEFAULT_STDIN_WINDOW
+    access: Access = field(default_factory=Access)
+    policy: Policy = field(default_factory=Policy)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    allowed_origins: frozenset[str] = frozenset()  # besides a web listener's own (section 8)

@@ -1,0 +1,133 @@
+"""Byte transports under the protocol: a raw non-blocking socket, or an anyio stream (TLS).
+
+The socket transport writes with sendmsg(), so a frame's header and payload
+go out in one system call without being joined first, and lets a caller try a
+send without waiting (the fast path of `Outbox`). Cancelling a wait here never
+loses or splits data: bytes are either in the kernel or still the caller's.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+Buffer = bytes | bytearray | memoryview
+MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
+
+
+class Transport(Protocol):
+    """What a connection needs from the bytes underneath it."""
+
+    async def receive(self, max_bytes: int) -> bytes:
+        """Raises anyio.EndOfStream at the peer's EOF, anyio.BrokenResourceError on errors,
+        RemoteProtocolError when the peer misused the carriage itself (a WebSocket text
+        message, say)."""
+        ...
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        """Send what fits now without waiting; the number of bytes sent (maybe 0)."""
+        ...
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        """Wait until at least one byte was sent; the number of bytes sent."""
+        ...
+
+    async def send_eof(self, protocol_error: bool = False) -> None:
+        """Half-close (a WebSocket says 1002 when ``protocol_error``); raises
+        NotImplementedError where the transport cannot (TLS)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def _broken(exc: OSError) -> anyio.BrokenResourceError:
+    error = anyio.BrokenResourceError(str(exc))
+    error.__cause__ = exc
+    return error
+
+
+class SocketTransport:
+    """A connected, non-blocking stream socket (Unix or TCP)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self._closed = False
+        self._drained = False  # the last receive emptied the socket buffer
+
+    async def receive(self, max_bytes: int) -> bytes:
+        if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
+            await anyio.wait_readable(self.sock)
+        while True:
+            try:
+                data = self.sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            except OSError as exc:
+                raise _broken(exc) from exc
+            if not data:
+                raise anyio.EndOfStream
+            self._drained = len(data) < max_bytes
+            return data
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self.sock.sendmsg(buffers[:MAX_IOVECS])
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _broken(exc) from exc
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        while not (sent := self.try_send(buffers)):
+            await anyio.wait_writable(self.sock)
+        return sent
+
+    async def send_eof(self, protocol_error: bool = False) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise _broken(exc) from exc
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            anyio.notify_closing(self.sock)
+            self.sock.close()
+
+
+class StreamTransport:
+    """Any anyio byte stream (used for TLS): no fast path, no half-close."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int) -> bytes:
+        return await self.stream.receive(max_bytes)
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        return 0
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        data = b"".join(buffers)
+        await self.stream.send(data)
+        return len(data)
+
+    async def send_eof(self, protocol_error: bool = False) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def send_all(transport: Transport, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await transport.send_some([view]):]

@@ -1,0 +1,270 @@
+// ttyserve protocol v1 over a WebSocket (protocol section 8), as one small ES module that any
+// terminal frontend can import:
+//
+//   import { Connection } from "/static/ttyserve.js";
+//   const connection = new Connection("ws://host:7681/ws", { token, window: 262144 });
+//   const session = connection.open({ pty: true, rows: 24, cols: 80 });
+//   session.addEventListener("output", (e) => render(e.detail.data, () => session.consumed(e.detail.data.length)));
+//   session.addEventListener("exit", (e) => console.log(e.detail.code));
+//   session.send(new TextEncoder().encode("ls\r"));
+//
+// Events: Connection "welcome", "error" (an error on channel 0), "close"; Session "opened"
+// ({pid, argv}), "output" ({stream, data: Uint8Array}), "exit" (the exit message), "refused"
+// (the error that refused the open), "error" (a refused control message), "lost" (the
+// connection ended before the exit). With `window`, output credit is granted back by
+// `consumed(n)` once the frontend has rendered n bytes, and stdin waits for the server's credit.
+
+export const SUBPROTOCOL = "ttyserve.v1";
+export const PROTOCOL = 1;
+export const Kind = Object.freeze({ STDIN: 0, STDOUT: 1, STDERR: 2, CTRL_IN: 3, CTRL_OUT: 4 });
+const HEADER = 9;
+const DEFAULT_MAX_FRAME = 1 << 20;
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** One frame: kind u8, channel u32, length u32 (big-endian), payload. */
+export function encodeFrame(kind, channel, payload) {
+  const frame = new Uint8Array(HEADER + payload.length);
+  const view = new DataView(frame.buffer);
+  view.setUint8(0, kind);
+  view.setUint32(1, channel);
+  view.setUint32(5, payload.length);
+  frame.set(payload, HEADER);
+  return frame;
+}
+
+/** The frames of one binary message, which holds whole frames (section 8). */
+export function decodeFrames(buffer) {
+  const bytes = new Uint8Array(buffer);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const frames = [];
+  let offset = 0;
+  while (offset < bytes.length) {
+    if (bytes.length - offset < HEADER) throw new Error("a message ended inside a frame header");
+    const length = view.getUint32(offset + 5);
+    const start = offset + HEADER;
+    if (bytes.length - start < length) throw new Error("a message ended inside a frame");
+    frames.push({
+      kind: view.getUint8(offset),
+      channel: view.getUint32(offset + 1),
+      payload: bytes.subarray(start, start + length),
+    });
+    offset = start + length;
+  }
+  return frames;
+}
+
+/** A connection to a ttyserve server over a WebSocket. */
+export class Connection extends EventTarget {
+  constructor(url, { token, window: windowBytes, client = "ttyserve.js", multiplex = false } = {}) {
+    super();
+    this.window = windowBytes ?? null;
+    this.welcome = null;
+    this.closed = false;
+    this.sessions = new Map();
+    this._nextChannel = 1;
+    this._waiting = []; // frames sent before the socket opened
+    this.socket = new WebSocket(url, SUBPROTOCOL);
+    this.socket.binaryType = "arraybuffer";
+    const hello = { type: "hello", protocol: PROTOCOL, client, multiplex };
+    if (token) hello.token = token;
+    if (this.window !== null) hello.window = this.window;
+    this._control(0, hello);
+    this.socket.addEventListener("open", () => {
+      for (const frame of this._waiting) this.socket.send(frame);
+      this._waiting = [];
+    });
+    this.socket.addEventListener("message", (event) => this._receive(event.data));
+    this.socket.addEventListener("close", (event) => this._closed(event));
+  }
+
+  get maxFrame() {
+    return this.welcome?.max_frame ?? DEFAULT_MAX_FRAME;
+  }
+
+  /** Open a session (pipelined: no need to wait for `welcome`). */
+  open({ argv, pty = true, rows, cols, term, env, cwd } = {}) {
+    const channel = this._nextChannel++;
+    const session = new Session(this, channel);
+    this.sessions.set(channel, session);
+    const request = { type: "open", pty };
+    if (argv) request.argv = argv;
+    if (rows) request.rows = rows;
+    if (cols) request.cols = cols;
+    if (term) request.term = term;
+    if (env) request.env = env;
+    if (cwd) request.cwd = cwd;
+    this._control(channel, request);
+    return session;
+  }
+
+  close() {
+    this.socket.close(1000);
+  }
+
+  _send(frame) {
+    if (this.socket.readyState === WebSocket.CONNECTING) this._waiting.push(frame);
+    else if (this.socket.readyState === WebSocket.OPEN) this.socket.send(frame);
+  }
+
+  _control(channel, message) {
+    this._send(encodeFrame(Kind.CTRL_IN, channel, encoder.encode(JSON.stringify(message))));
+  }
+
+  _receive(data) {
+    let frames;
+    try {
+      frames = decodeFrames(data);
+    } catch (error) {
+      this.socket.close(1002, "a message that does not hold whole frames");
+      return;
+    }
+    for (const frame of frames) {
+      if (frame.kind === Kind.CTRL_OUT) {
+        const message = JSON.parse(decoder.decode(frame.payload));
+        if (frame.channel === 0) this._connectionMessage(message);
+        else this.sessions.get(frame.channel)?._control(message);
+      } else if (frame.kind === Kind.STDOUT || frame.kind === Kind.STDERR) {
+        this.sessions.get(frame.channel)?._output(frame.kind, frame.payload);
+      }
+    }
+  }
+
+  _connectionMessage(message) {
+    if (message.type === "welcome") {
+      this.welcome = message;
+      for (const session of this.sessions.values()) session._welcome(message);
+      this.dispatchEvent(new CustomEvent("welcome", { detail: message }));
+    } else if (message.type === "error") {
+      const named = this.sessions.get(message.channel);
+      if (named && message.code === "channel_in_use") named._control(message);
+      else this.dispatchEvent(new CustomEvent("error", { detail: message }));
+    }
+  }
+
+  _closed(event) {
+    this.closed = true;
+    for (const session of this.sessions.values()) session._lost();
+    this.sessions.clear();
+    this.dispatchEvent(new CustomEvent("close", {
+      detail: { code: event.code, reason: event.reason, clean: event.wasClean },
+    }));
+  }
+}
+
+/** One remote process, on one channel of a Connection. */
+export class Session extends EventTarget {
+  constructor(connection, channel) {
+    super();
+    this.connection = connection;
+    this.channel = channel;
+    this.pid = null;
+    this.argv = null;
+    this.ended = false;
+    this.bytesReceived = 0; // output received, and output the frontend said it took:
+    this.bytesConsumed = 0; // with a window, the difference never exceeds it
+    this._opened = false;
+    this._consumed = 0;
+    // STDIN credit: unknown (0) until `welcome` on a windowed connection, else no limit.
+    this._credit = connection.window === null ? Infinity : 0;
+    this._pending = []; // stdin waiting for credit
+  }
+
+  /** Bytes for the process's stdin, or keys for its terminal. */
+  send(bytes) {
+    if (this.ended || bytes.length === 0) return;
+    this._pending.push(bytes);
+    this._flush();
+  }
+
+  resize(rows, cols) {
+    this._controlIn({ type: "resize", rows, cols });
+  }
+
+  signal(name) {
+    this._controlIn({ type: "signal", name });
+  }
+
+  eof() {
+    this._controlIn({ type: "eof" });
+  }
+
+  cancel() {
+    this._controlIn({ type: "cancel" });
+    this._end();
+  }
+
+  /** The frontend has taken (rendered) `size` bytes of output: credit goes back at half. */
+  consumed(size) {
+    const windowBytes = this.connection.window;
+    this.bytesConsumed += size;
+    if (windowBytes === null || this.ended) return;
+    this._consumed += size;
+    if (this._consumed >= windowBytes / 2) {
+      this._controlIn({ type: "window", bytes: this._consumed });
+      this._consumed = 0;
+    }
+  }
+
+  _controlIn(message) {
+    if (!this.ended) this.connection._control(this.channel, message);
+  }
+
+  _flush() {
+    while (this._pending.length && this._credit > 0) {
+      const head = this._pending[0];
+      const size = Math.min(head.length, this._credit, this.connection.maxFrame);
+      this.connection._send(encodeFrame(Kind.STDIN, this.channel, head.subarray(0, size)));
+      this._credit -= size;
+      if (size === head.length) this._pending.shift();
+      else this._pending[0] = head.subarray(size);
+    }
+  }
+
+  _welcome(welcome) {
+    if (this.connection.window !== null) {
+      this._credit = welcome.window ?? Infinity;
+      this._flush();
+    }
+  }
+
+  _output(kind, data) {
+    this.bytesReceived += data.length;
+    const stream = kind === Kind.STDERR ? "stderr" : "stdout";
+    this.dispatchEvent(new CustomEvent("output", { detail: { stream, data } }));
+  }
+
+  _control(message) {
+    if (message.type === "opened") {
+      this._opened = true;
+      this.pid = message.pid;
+      this.argv = message.argv ?? null;
+      this.dispatchEvent(new CustomEvent("opened", { detail: message }));
+    } else if (message.type === "window") {
+      this._credit += message.bytes;
+      this._flush();
+    } else if (message.type === "exit") {
+      this._end();
+      this.dispatchEvent(new CustomEvent("exit", { detail: message }));
+    } else if (message.type === "error") {
+      if (this._opened) {
+        this.dispatchEvent(new CustomEvent("error", { detail: message }));
+      } else {
+        this._end();
+        this.dispatchEvent(new CustomEvent("refused", { detail: message }));
+      }
+    }
+  }
+
+  _end() {
+    this.ended = true;
+    this._pending = [];
+    this.connection.sessions.delete(this.channel);
+  }
+
+  _lost() {
+    if (this.ended) return;
+    this._end();
+    this.dispatchEvent(new CustomEvent("lost"));
+  }
+}
