@@ -1,5 +1,0 @@
-"""`python -m ttyserve` is the `ttyserve` command."""
-
-from .cli import main
-
-main()
