@@ -116,7 +116,7 @@ class ConnectionHandler:
                     pass
                 while True:
                     await self.transport.receive(READ_SIZE)
-            except _GONE:
+            except (*_GONE, RemoteProtocolError):
                 pass
 
     # --- sending (the Carrier of attachments) ------------------------------

@@ -101,8 +101,7 @@ class Server:
         async with anyio.create_task_group() as connections:
             async with anyio.create_task_group() as accepting:
                 for address, listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, address.scheme,
-                                         connections)
+                    accepting.start_soon(self._accept_loop, listener, address, connections)
                     if on_listening is not None:
                         on_listening(address)
                 await self._stop.wait()
@@ -142,7 +141,7 @@ class Server:
         self._handlers_changed.set()
         self._handlers_changed = anyio.Event()
 
-    async def _accept_loop(self, listener: socket.socket, transport: str,
+    async def _accept_loop(self, listener: socket.socket, address: Address,
                            connections: anyio.abc.TaskGroup) -> None:
         while True:
             await anyio.wait_readable(listener)
@@ -155,64 +154,62 @@ class Server:
                     log.warning("accept failed: %s; retrying", exc.strerror)
                     await anyio.sleep(_ACCEPT_RETRY)
                 continue
-            connections.start_soon(self._serve_connection, sock, transport)
+            connections.start_soon(self._serve_connection, sock, address)
 
-    async def _serve_connection(self, sock: socket.socket, transport_kind: str) -> None:
+    async def _serve_connection(self, sock: socket.socket, listener: Address) -> None:
         try:
-            peer = peer_of(sock, transport_kind)
+            peer = peer_of(sock, listener.scheme)
         except OSError:
             sock.close()
             return
-        self._connections += 1  # counted from accept: TLS handshakes take a slot too
+        self._connections += 1  # counted from accept: TLS and HTTP handshakes take a slot too
         try:
-            transport = await self._open_transport(sock, transport_kind, peer)
+            transport = await self._open_transport(sock, listener, peer)
             if transport is None:
                 return
             handler = ConnectionHandler(transport, peer, self.registry, self.gate,
                                         self._handler_closed)
             self.handlers.add(handler)
-            try:
-                await handler.run()
-            except Exception:  # one connection's bug must not take the server down
-                log.exception("connection %s failed", handler.peer)
+            await handler.run()
+        except Exception:  # one connection's bug must not take the server down
+            log.exception("connection %s failed", peer)
         finally:
             self._connections -= 1
 
-    async def _open_transport(self, sock: socket.socket, transport_kind: str,
+    async def _open_transport(self, sock: socket.socket, listener: Address,
                               peer: object) -> Transport | None:
         """The connection's transport, or None when it was refused, its TLS failed, or (web
-        listeners) it only asked for the page."""
+        listeners) it only asked for the page. Everything before the protocol starts is
+        bounded by the handshake deadline."""
         limit = self.settings.max_connections
         if self._connections > limit:
             log.warning("%s: refused: %d connections open", peer, self._connections - 1)
-            if transport_kind in ("unix", "tcp"):
+            if listener.scheme in ("unix", "tcp"):
                 await refuse_busy(SocketTransport(sock), limit)
             else:  # a frame would be garbage to TLS or HTTP: the connection is closed
                 sock.close()
             return None
-        if transport_kind in ("unix", "tcp"):
+        if listener.scheme in ("unix", "tcp"):
             return SocketTransport(sock)
         stream: anyio.abc.ByteStream | None = None
-        ready = False
         with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
             try:
                 stream = await anyio.abc.SocketStream.from_socket(sock)
-                if transport_kind in ("tls", "wss"):
+                if listener.encrypted:
                     assert self.tls is not None
                     stream = await TLSStream.wrap(stream, server_side=True,
                                                   ssl_context=self.tls,
                                                   standard_compatible=False)
-                ready = True
             except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 log.info("%s: TLS handshake failed: %s", peer, exc)
+            else:
+                if not listener.web:
+                    return StreamTransport(stream)
+                upgraded = await self._front_door().serve(stream, peer, listener)
+                if upgraded is not None:
+                    return upgraded
         if deadline.cancelled_caught:
-            log.info("%s: no TLS handshake in time", peer)
-        if ready and stream is not None:
-            if transport_kind == "tls":
-                return StreamTransport(stream)
-            upgraded = await self._front_door().serve(stream, peer, transport_kind == "wss")
-            if upgraded is not None:
-                return upgraded
+            log.info("%s: no %s in time", peer, "upgrade" if listener.web else "TLS handshake")
         # Close what owns the descriptor: the asyncio transport, once there is one.
         with anyio.CancelScope(shield=True):
             if stream is not None:
@@ -224,7 +221,7 @@ class Server:
     def _front_door(self) -> FrontDoor:
         """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""
         if self._web is None:
-            self._web = FrontDoor(self.settings.allowed_origins, self.settings.handshake_timeout)
+            self._web = FrontDoor(self.settings.allowed_origins)
         return self._web
 
 

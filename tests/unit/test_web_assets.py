@@ -41,12 +41,16 @@ def test_the_page_is_served_with_its_licenses_and_no_source_maps() -> None:
 
 
 def test_the_wheel_ships_every_asset_as_package_data() -> None:
-    import fnmatch
     import tomllib
+    from pathlib import PurePosixPath
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"]["ttyserve"]
     package = ROOT / "ttyserve"
-    files = [p.relative_to(package).as_posix() for p in (package / "web" / "static").rglob("*")
-             if p.is_file()]
-    assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in patterns) for f in files)
+    files = [PurePosixPath(p.relative_to(package).as_posix())
+             for p in (package / "web" / "static").rglob("*") if p.is_file()]
+    # setuptools globs do not cross folders: "*" in one pattern is one path segment
+    assert files and all(any(f.full_match(pattern) if hasattr(f, "full_match")
+                             else (len(f.parts) == len(PurePosixPath(pattern).parts)
+                                   and f.match(pattern)) for pattern in patterns)
+                         for f in files)

@@ -10,6 +10,7 @@ never read: nothing here takes one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request
 from wsproto.utilities import RemoteProtocolError as WsRemoteError
 
+from ..addresses import Address, is_loopback
+from ..auth import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
 
 log = logging.getLogger("ttyserve")
@@ -29,6 +32,7 @@ log = logging.getLogger("ttyserve")
 MAX_LINE = 16 * 1024  # a longer request line gets 414 (section 8)
 MAX_HEADERS = 16 * 1024  # a longer header section gets 431 (section 8)
 READ_SIZE = 64 * 1024
+DRAIN_TIME = 1.0  # seconds to let a refused client read its answer before the close
 ENDPOINT = "/ws"
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:\d+)?|\[[0-9A-Fa-f:.]+\](:\d+)?")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -74,87 +78,85 @@ class Refusal(Exception):
 
 
 def head_too_long(head: bytes | bytearray) -> Refusal | None:
-    """414 or 431 once a request line or a header section (still arriving) is over 16 KiB."""
-    line_end = head.find(b"\r\n")
+    """414 or 431 once a request line or a header section (still arriving) is over 16 KiB.
+    Lines may end in a bare LF: h11 accepts those too."""
+    line_end = head.find(b"\n")
     if line_end < 0:
         line_end = len(head)
         if line_end <= MAX_LINE:
             return None
     if line_end > MAX_LINE:
         return Refusal(414, f"the request line is over {MAX_LINE} bytes")
-    section_end = head.find(b"\r\n\r\n", line_end)
-    section = (len(head) if section_end < 0 else section_end) - line_end - 2
+    ends = [i for i in (head.find(b"\n\r\n", line_end), head.find(b"\n\n", line_end)) if i >= 0]
+    section = (min(ends) if ends else len(head)) - line_end - 1
     if section > MAX_HEADERS:
         return Refusal(431, f"the header section is over {MAX_HEADERS} bytes")
     return None
 
 
 class FrontDoor:
-    """Serves one `ws:`/`wss:` connection until it upgrades, errs, or goes idle."""
+    """Serves the HTTP side of `ws:`/`wss:` connections until they upgrade, err, or go idle.
 
-    def __init__(self, allowed_origins: frozenset[str], idle_timeout: float,
-                 assets: dict[str, Asset] | None = None) -> None:
+    A caller bounds the whole of it with the handshake deadline.
+    """
+
+    def __init__(self, allowed_origins: frozenset[str], assets: dict[str, Asset] | None = None,
+                 ) -> None:
         self.allowed_origins = allowed_origins
-        self.idle_timeout = idle_timeout
         self.assets = load_assets() if assets is None else assets
 
-    async def serve(self, stream: anyio.abc.ByteStream, peer: object, secure: bool,
+    async def serve(self, stream: anyio.abc.ByteStream, peer: object, listener: Address,
                     ) -> WebSocketTransport | None:
-        """Answer requests; the WebSocket transport once one upgrades, else None (closed).
-
-        ``secure``: the listener is `wss:`, so the server's own origin is https.
-        """
-        scheme = "https" if secure else "http"
+        """Answer requests; the WebSocket transport once one upgrades, else None (then the
+        caller closes the stream). Never raises for what the client does."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_LINE + MAX_HEADERS + 4)
+        try:
+            return await self._serve(conn, stream, peer, listener)
+        except Refusal as refusal:
+            log.info("%s: HTTP %d: %s", peer, refusal.status, refusal)
+            await _refuse(conn, stream, refusal)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError, h11.ProtocolError) as exc:
+            log.info("%s: HTTP connection ended: %s", peer, exc or type(exc).__name__)
+        return None
+
+    async def _serve(self, conn: h11.Connection, stream: anyio.abc.ByteStream, peer: object,
+                     listener: Address) -> WebSocketTransport | None:
         head = bytearray()  # the raw request head while it arrives, for 414 and 431
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                await self._refuse(conn, stream, Refusal(400, f"not an HTTP/1.1 request: {exc}"))
-                return None
+                raise Refusal(400, f"not an HTTP/1.1 request: {exc}") from exc
             if event is h11.NEED_DATA:
-                with anyio.move_on_after(self.idle_timeout):
-                    try:
-                        data = await stream.receive(READ_SIZE)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                        return None
-                    if len(head) <= MAX_LINE + MAX_HEADERS + 4:
-                        head += data
-                        if (refusal := head_too_long(head)) is not None:
-                            log.info("%s: HTTP %d: %s", peer, refusal.status, refusal)
-                            await self._refuse(conn, stream, refusal)
-                            return None
-                    conn.receive_data(data)
-                    continue
-                return None  # idle past the deadline
-            if isinstance(event, h11.ConnectionClosed):
-                return None
+                data = await stream.receive(READ_SIZE)
+                if len(head) <= MAX_LINE + MAX_HEADERS + 4:
+                    head += data
+                    if (refusal := head_too_long(head)) is not None:
+                        raise refusal
+                conn.receive_data(data)
+                continue
             if not isinstance(event, h11.Request):
-                continue  # the end of a request we answered (bodies are not read)
-            try:
-                upgraded = await self._answer(conn, stream, event, scheme)
-            except Refusal as refusal:
-                log.info("%s: HTTP %d %s: %s", peer, refusal.status, _text(event.target),
-                         refusal)
-                await self._refuse(conn, stream, refusal)
-                return None
+                return None  # the client closed (requests are answered as they arrive)
+            upgraded = await self._answer(conn, stream, event, listener)
             if upgraded is not None:
                 return upgraded
-            if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+            while (event := conn.next_event()) is not h11.NEED_DATA and not isinstance(
+                    event, h11.EndOfMessage):
+                pass  # the rest of a GET: nothing, or a body nobody asked for
+            if event is h11.NEED_DATA or conn.our_state is not h11.DONE:
                 return None
-            conn.start_next_cycle()
+            conn.start_next_cycle()  # keep-alive: the next request may already be here
             head = bytearray(conn.trailing_data[0])
 
     async def _answer(self, conn: h11.Connection, stream: anyio.abc.ByteStream,
-                      request: h11.Request, scheme: str) -> WebSocketTransport | None:
-        headers = {name.lower(): value for name, value in request.headers}
-        host = _text(headers.get(b"host", b""))
+                      request: h11.Request, listener: Address) -> WebSocketTransport | None:
+        host = _text(_one(request, b"host") or b"")
         if not _HOST.fullmatch(host):
             raise Refusal(400, f"the Host header {host!r} is not a host and port")
         path = _text(request.target).split("?", 1)[0]
         if path == ENDPOINT:
-            return await self._upgrade(stream, conn, request, headers, f"{scheme}://{host}")
+            return await self._upgrade(stream, conn, request, host, listener)
         asset = self.assets.get(path)
         if asset is None:
             raise Refusal(404, f"nothing here at {path!r}")
@@ -164,22 +166,27 @@ class FrontDoor:
         return None
 
     async def _upgrade(self, stream: anyio.abc.ByteStream, conn: h11.Connection,
-                       request: h11.Request, headers: dict[bytes, bytes],
-                       own_origin: str) -> WebSocketTransport:
+                       request: h11.Request, host: str, listener: Address,
+                       ) -> WebSocketTransport:
         if request.method != b"GET":
             raise Refusal(405, "the WebSocket endpoint takes GET", ("Allow", "GET"))
-        if _text(headers.get(b"upgrade", b"")).lower() != "websocket":
+        if _text(_one(request, b"upgrade") or b"").lower() != "websocket":
             raise Refusal(400, f"{ENDPOINT} is the WebSocket endpoint: send an upgrade")
-        origin = headers.get(b"origin")
-        if origin is not None:
-            own = own_origin.lower()
-            offered = _text(origin).lower().rstrip("/")
-            if offered != own and offered not in self.allowed_origins:
-                raise Refusal(403, f"origin {_text(origin)!r} is not allowed here "
-                                   f"(this server's own is {own!r}; see --allow-origin)")
-        offered_protocols = {p.strip() for p in _text(headers.get(
-            b"sec-websocket-protocol", b"")).split(",")}
-        if SUBPROTOCOL not in offered_protocols:
+        if any(name.lower() in (b"content-length", b"transfer-encoding")
+               for name, _ in request.headers):
+            raise Refusal(400, "a WebSocket upgrade has no body")
+        if is_loopback(listener.host) and not loopback_name(host):
+            raise Refusal(403, f"Host {host!r} does not name this machine, whose listener is "
+                               "on loopback (a DNS rebinding page?)")
+        origin = _one(request, b"origin")
+        own = f"{'https' if listener.encrypted else 'http'}://{host}"
+        if origin is not None and not origin_allowed(_text(origin), own,
+                                                     self.allowed_origins):
+            raise Refusal(403, f"origin {_text(origin)!r} is not allowed here (this server's "
+                               f"own is {normal_origin(own)!r}; see --allow-origin)")
+        offered = {p.strip() for name, value in request.headers
+                   if name.lower() == b"sec-websocket-protocol" for p in _text(value).split(",")}
+        if SUBPROTOCOL not in offered:
             raise Refusal(400, f"the upgrade does not offer subprotocol {SUBPROTOCOL}")
         ws = WSConnection(ConnectionType.SERVER)
         try:
@@ -193,17 +200,31 @@ class FrontDoor:
         await stream.send(ws.send(AcceptConnection(subprotocol=SUBPROTOCOL)))
         return WebSocketTransport(stream, ws, received=conn.trailing_data[0])
 
-    async def _refuse(self, conn: h11.Connection, stream: anyio.abc.ByteStream,
-                      refusal: Refusal) -> None:
-        """Answer with the refusal's status if a response can still be sent, then close."""
-        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return  # h11 lets a server answer from IDLE a request that did not parse
-        body = f"{refusal.status} {_REASONS[refusal.status].decode()}: {refusal}\n".encode()
+
+def _one(request: h11.Request, name: bytes) -> bytes | None:
+    """The value of a header that may appear once; a second one is refused."""
+    values = [value for key, value in request.headers if key.lower() == name]
+    if len(values) > 1:
+        raise Refusal(400, f"{_text(name)} is given {len(values)} times")
+    return values[0] if values else None
+
+
+async def _refuse(conn: h11.Connection, stream: anyio.abc.ByteStream, refusal: Refusal) -> None:
+    """Answer with the refusal's status if a response can still be sent; then our EOF and a
+    short drain, so that closing on unread bytes does not reset the answer away."""
+    if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return  # h11 lets a server answer from IDLE a request that did not parse
+    body = f"{refusal.status} {_REASONS[refusal.status].decode()}: {refusal}\n".encode()
+    with anyio.move_on_after(DRAIN_TIME):
         try:
             await _send(conn, stream, refusal.status, body, _TYPES[""], None,
                         [("Connection", "close"), *refusal.headers])
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
-                h11.LocalProtocolError):
+            with contextlib.suppress(NotImplementedError):
+                await stream.send_eof()
+            while await stream.receive(READ_SIZE):
+                pass
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError, h11.LocalProtocolError):
             pass
 
 

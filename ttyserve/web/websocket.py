@@ -27,7 +27,6 @@ from wsproto.events import (
 )
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError as WsLocalError
-from wsproto.utilities import RemoteProtocolError as WsRemoteError
 
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
@@ -70,7 +69,8 @@ class WebSocketTransport:
         """
         while not self._ready:
             if self._misuse is not None:
-                raise self._misuse
+                misuse, self._misuse = self._misuse, None
+                raise misuse  # once; after it, the stream has ended
             if self._ended:
                 raise anyio.EndOfStream
             await self._take_events()
@@ -89,12 +89,7 @@ class WebSocketTransport:
         return data
 
     async def _take_events(self) -> None:
-        try:
-            events = list(self._ws.events())
-        except WsRemoteError as exc:
-            await self._refuse(CloseReason.PROTOCOL_ERROR)
-            raise RemoteProtocolError(f"WebSocket: {exc}") from exc
-        for event in events:
+        for event in self._ws.events():
             if self._misuse is not None:
                 break  # nothing after the misuse is handed out
             if isinstance(event, BytesMessage):
@@ -108,6 +103,9 @@ class WebSocketTransport:
             elif isinstance(event, Ping):
                 await self._send_event(event.response())
             elif isinstance(event, CloseConnection):
+                if self._ws.state is ConnectionState.OPEN:  # wsproto found the framing broken
+                    self._misused(f"broken WebSocket framing: {event.reason}")
+                    break
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:
                     await self._send_event(event.response())
                 self._ended = True
@@ -116,13 +114,6 @@ class WebSocketTransport:
         """Raised once what came before it was handed out: the core's own rules go first."""
         self._misuse = self._misuse or RemoteProtocolError(what)
         self._ended = True
-
-    async def _refuse(self, code: CloseReason) -> None:
-        """Close after wsproto found the peer's framing broken (nothing else can be sent)."""
-        try:
-            await self._send_event(CloseConnection(code=code))
-        except (WsLocalError, *_GONE):
-            pass
 
     async def _send_event(self, event: Event) -> None:
         async with self._send_lock:

@@ -114,20 +114,37 @@ export class Connection extends EventTarget {
   _receive(data) {
     let frames;
     try {
+      if (!(data instanceof ArrayBuffer)) throw new Error("a text message");
       frames = decodeFrames(data);
     } catch (error) {
-      this.socket.close(1002, "a message that does not hold whole frames");
+      this._broken(`the server broke the protocol: ${error.message}`);
       return;
     }
     for (const frame of frames) {
+      let message = null;
       if (frame.kind === Kind.CTRL_OUT) {
-        const message = JSON.parse(decoder.decode(frame.payload));
-        if (frame.channel === 0) this._connectionMessage(message);
-        else this.sessions.get(frame.channel)?._control(message);
-      } else if (frame.kind === Kind.STDOUT || frame.kind === Kind.STDERR) {
-        this.sessions.get(frame.channel)?._output(frame.kind, frame.payload);
+        try {
+          message = JSON.parse(decoder.decode(frame.payload));
+        } catch (error) {
+          this._broken("the server sent a control message that is not JSON");
+          return;
+        }
+      }
+      try {
+        if (message !== null && frame.channel === 0) this._connectionMessage(message);
+        else if (message !== null) this.sessions.get(frame.channel)?._control(message);
+        else if (frame.kind === Kind.STDOUT || frame.kind === Kind.STDERR) {
+          this.sessions.get(frame.channel)?._output(frame.kind, frame.payload);
+        }
+      } catch (error) {
+        console.error(error); // a listener's bug must not lose the frames after it
       }
     }
+  }
+
+  _broken(reason) {
+    this.dispatchEvent(new CustomEvent("error", { detail: { code: "protocol_error", message: reason } }));
+    this.socket.close(4002, "protocol error"); // 1002 is the browser's own to send
   }
 
   _connectionMessage(message) {
@@ -166,7 +183,8 @@ export class Session extends EventTarget {
     this._opened = false;
     this._consumed = 0;
     // STDIN credit: unknown (0) until `welcome` on a windowed connection, else no limit.
-    this._credit = connection.window === null ? Infinity : 0;
+    this._credit = connection.window === null ? Infinity
+      : connection.welcome ? (connection.welcome.window ?? Infinity) : 0;
     this._pending = []; // stdin waiting for credit
   }
 
