@@ -2,7 +2,10 @@
 
 The session writes through its attachment; the attachment asks the protocol
 core to frame (which spends the channel's credit and refuses anything after
-the channel's end) and has the connection send what was framed.
+the channel's end) and has the connection send what was framed. An attachment
+made by `attach` first replays the session's scrollback, and goes live only
+then: the session's pumps wait meanwhile, so the replay and the live output
+meet with no gap and no duplicate.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ from .protocol.channels import ChannelState
 from .protocol.frames import FrameKind
 from .protocol.messages import Exit
 from .protocol.server import ServerConnection
-from .session import Session
+from .session import READ_SIZE, Session
 
-READ_SIZE = 1 << 20  # the most one frame carries (never above max_frame): one wake-up's output
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
 
 
@@ -35,49 +37,67 @@ class Carrier(Protocol):
         ...
 
     def detach(self, attachment: Attachment) -> None:
-        """The session is over: forget the attachment."""
+        """The attachment no longer carries its session: forget it."""
         ...
 
 
 class Attachment:
     """The `OutputSink` of ``session`` on ``channel`` of a connection."""
 
-    __slots__ = ("_credit", "_frame_limit", "carrier", "channel", "core", "session")
-
-    def __init__(self, carrier: Carrier, channel: int, session: Session) -> None:
+    def __init__(self, carrier: Carrier, channel: int, session: Session,
+                 replay: list[tuple[FrameKind, bytes]] | None = None) -> None:
         self.carrier = carrier
         self.core = carrier.core
         self.channel = channel
         self.session = session
         self._frame_limit = min(READ_SIZE, self.core.max_frame)
-        self._credit: anyio.Event | None = None  # made only when a pump has to wait
+        self._replay = replay
+        self.live = replay is None  # output goes out as it comes (after any replay)
+        self.released = False
+        self._wake: anyio.Event | None = None  # made only when someone has to wait
+
+    # --- the session's sink ----------------------------------------------------
 
     def limit(self) -> int:
+        if not self.live:
+            return 0  # the scrollback goes first
         credit = self.core.output_credit(self.channel)
         return self._frame_limit if credit is None else min(credit, self._frame_limit)
 
     async def wait_credit(self) -> None:
-        while not self.core.output_credit(self.channel):
-            credit = self._credit = self._credit or anyio.Event()
-            await credit.wait()
-
-    def credit_granted(self) -> None:
-        if self._credit is not None:
-            self._credit.set()
-            self._credit = None
+        while not self.released and not self.limit():
+            await self._wait()
 
     async def send_output(self, kind: FrameKind, data: bytes) -> None:
         if self.core.send_output(self.channel, kind, data):
             await self.carrier.flush()
 
-    async def send_exit(self, status: Exit) -> None:
+    async def send_exit(self, status: Exit) -> bool:
+        while not self.live and not self.released:
+            await self._wait()
+        if self.released:
+            return False
         if self.core.send_exit(self.channel, status):
             self.carrier.flush_nowait()
+            return True
+        while not self.released:  # the connection is going: it detaches or cancels us
+            await self._wait()
+        return False
 
     def stdin_consumed(self, size: int) -> None:
         self.core.stdin_consumed(self.channel, size)
         if self.core.pending:
             self.carrier.flush_nowait()
+
+    def release(self, reason: str | None = None) -> None:
+        """The session goes on without this channel: its last frame is `detached`."""
+        if self.released:
+            return
+        self.released = True
+        if self.core.send_detached(self.channel, reason):
+            self.carrier.flush_nowait()
+        self.carrier.detach(self)
+        self._notify()
 
     def ended(self) -> None:
         # A session that ended without its exit (a server fault) still ends its channel.
@@ -85,3 +105,41 @@ class Attachment:
             self.core.send_exit(self.channel, LOST)
             self.carrier.flush_nowait()
         self.carrier.detach(self)
+
+    # --- the connection's side ---------------------------------------------------
+
+    def credit_granted(self) -> None:
+        self._notify()
+
+    async def replay(self) -> None:
+        """Send the scrollback as it was at attach, within the channel's credit; then go
+        live (and deliver the exit of a session that ended while detached)."""
+        for kind, data in self._replay or ():
+            view = memoryview(data)
+            while view:
+                credit = self.core.output_credit(self.channel)
+                if credit == 0:
+                    if self.released:
+                        return
+                    await self._wait()
+                    continue
+                size = min(len(view), self._frame_limit, credit or self._frame_limit)
+                if not self.core.send_output(self.channel, kind, view[:size]):
+                    return  # the channel ended meanwhile
+                await self.carrier.flush()
+                view = view[size:]
+        self._replay = None
+        self.live = True
+        self._notify()
+        status = self.session.pending_exit
+        if status is not None and await self.send_exit(status):
+            self.session.exit_delivered()
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
+
+    async def _wait(self) -> None:
+        wake = self._wake = self._wake or anyio.Event()
+        await wake.wait()

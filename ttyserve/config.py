@@ -27,7 +27,9 @@ from .settings import (
     DEFAULT_LINGER,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_DETACHED_TIMEOUT,
     DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+    DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_STDIN_WINDOW,
 )
@@ -63,6 +65,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT
     journal: str | None = None
     spawn: BackendKind = "auto"
+    scrollback: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_SCROLLBACK
+    detached_timeout: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_DETACHED_TIMEOUT
+    record: str | None = None
+    record_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("linger", "output drain grace after a process exits, seconds", "S"),
     Option("shutdown_timeout", "graceful shutdown watchdog, seconds", "S"),
     Option("journal", "append session records to this file (fsync'd JSON lines)", "FILE"),
+    Option("scrollback", "output a detachable session keeps for the next attach, bytes",
+           "BYTES"),
+    Option("detached_timeout", "seconds a detached session waits for an attach before it is "
+           "hung up (and an ended one's exit is dropped)", "S"),
+    Option("record", "write every PTY session to DIR/ID.cast (asciicast v3)", "DIR"),
+    Option("record_input", "record what is typed too (it holds passwords)"),
     Option("spawn", "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), "
            "portable (ptyprocess and subprocess, any POSIX system) or auto",
            "KIND"),

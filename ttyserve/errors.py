@@ -38,6 +38,8 @@ class ErrorCode(enum.StrEnum):
     SPAWN_FAILED = "spawn_failed"
     UNKNOWN_MESSAGE = "unknown_message"
     CHANNEL_IN_USE = "channel_in_use"
+    SESSION_IN_USE = "session_in_use"  # section 9: attached elsewhere (steal to take it)
+    NO_SUCH_SESSION = "no_such_session"  # unknown, expired, or another principal's
 
 
 RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})

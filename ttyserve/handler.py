@@ -15,14 +15,17 @@ import anyio.abc
 
 from .attachment import Attachment
 from .auth import Gate, Peer
-from .errors import RemoteProtocolError, RequestError
+from .errors import ErrorCode, RemoteProtocolError, RequestError
 from .outbox import Outbox
-from .protocol.messages import Eof
+from .protocol.messages import Attached, Eof, Sessions
 from .protocol.server import (
+    AttachRequested,
     CancelRequested,
     ControlReceived,
     CreditGranted,
+    DetachRequested,
     HelloReceived,
+    ListRequested,
     OpenRequested,
     ServerConnection,
     ServerEvent,
@@ -58,6 +61,7 @@ class ConnectionHandler:
         self.outbox = Outbox(transport, on_broken=self._read_scope.cancel)
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
+        self._tasks: anyio.abc.TaskGroup | None = None  # replays of attached sessions run here
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -66,6 +70,7 @@ class ConnectionHandler:
         try:
             async with anyio.create_task_group() as tg:
                 self.outbox.attach(tg)
+                self._tasks = tg
                 self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
                 try:
                     with self._read_scope:
@@ -79,7 +84,7 @@ class ConnectionHandler:
                 finally:
                     self.core.close()  # nothing more is framed: what is framed still goes out
                     for attachment in list(self.attachments.values()):
-                        attachment.session.cancel()  # the client has gone: as `cancel` does
+                        self._leave(attachment)  # as `cancel` does, or `detach` (section 9)
                 self.flush_nowait()
                 self.outbox.close()
                 # The session's last frames go out however slowly the client reads;
@@ -179,10 +184,22 @@ class ConnectionHandler:
                     attachment.session.control(event.message)
         elif isinstance(event, OpenRequested):
             await self._open(event)
+        elif isinstance(event, AttachRequested):
+            self._attach(event)
         elif isinstance(event, CancelRequested):
             attachment = self.attachments.pop(event.channel, None)
             if attachment is not None:
                 attachment.session.cancel()
+        elif isinstance(event, DetachRequested):
+            attachment = self.attachments.get(event.channel)
+            if attachment is not None and attachment.session.detachable:
+                self._leave(attachment)
+            elif attachment is not None:
+                self.core.refuse(event.channel, RequestError(
+                    ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
+                    "with detachable: true); cancel it instead"))
+        elif isinstance(event, ListRequested):
+            self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
             await self._hello(event)
 
@@ -206,7 +223,7 @@ class ConnectionHandler:
     async def _open(self, event: OpenRequested) -> None:
         channel = event.channel
         try:
-            session = await self.registry.open(event.request, str(self.peer),
+            session = await self.registry.open(event.request, self.principal, str(self.peer),
                                                len(self.attachments))
         except RequestError as exc:
             self.core.refuse(channel, exc)
@@ -215,6 +232,43 @@ class ConnectionHandler:
         self.attachments[channel] = attachment
         session.attach(attachment)
         self.registry.start(session)
-        if not self.core.opened(channel, session.pid, session.spec.argv):  # closed meanwhile?
-            self.attachments.pop(channel, None)
+        if not self.core.opened(channel, session.pid, session.spec.argv,
+                                session.id if session.detachable else None):
+            self.attachments.pop(channel, None)  # the connection closed meanwhile
+            session.cancel()
+
+    def _attach(self, event: AttachRequested) -> None:
+        """Take over a detachable session: `attached`, its scrollback, then live output."""
+        request, channel = event.request, event.channel
+        try:
+            session = self.registry.find(request.session, self.principal)
+            if session.sink is not None and not request.steal:
+                raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached "
+                                   "elsewhere (attach with steal to take it over)")
+            self.registry.check_room(len(self.attachments))
+        except RequestError as exc:
+            self.core.refuse(channel, exc)
+            return
+        if session.pending_exit is None and (request.rows or request.cols):
+            rows, cols = session.size
+            session.resize(request.rows or rows, request.cols or cols)
+        assert session.ring is not None
+        replay = session.ring.snapshot()  # and the pumps wait until it went out: no gap
+        self.core.attached(channel, Attached(session=session.id, pid=session.pid,
+                                             pty=session.spec.pty, dropped=session.ring.dropped))
+        attachment = Attachment(self, channel, session, replay)
+        self.attachments[channel] = attachment
+        session.attach(attachment)
+        self.registry.attached(session, str(self.peer))
+        assert self._tasks is not None
+        self._tasks.start_soon(attachment.replay)
+
+    def _leave(self, attachment: Attachment) -> None:
+        """This connection lets go of a session: a detachable one goes on, detached; any other
+        is cancelled (the client has gone, as `cancel` does)."""
+        session = attachment.session
+        if session.detachable:
+            session.detach()
+            self.registry.detached(session, str(self.peer))
+        else:
             session.cancel()

@@ -70,7 +70,21 @@ class SessionEnd(Record, tag="session.end", kw_only=True):
     bytes_out: int | None = None
 
 
-_decoder = msgspec.json.Decoder(SessionStart | SessionEnd)
+class SessionDetach(Record, tag="session.detach", kw_only=True):
+    """A detachable session went on without a client (section 9)."""
+
+    peer: str
+
+
+class SessionAttach(Record, tag="session.attach", kw_only=True):
+    """A client attached to a detachable session."""
+
+    peer: str
+
+
+AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach
+_NOTES = {"detach": SessionDetach, "attach": SessionAttach}
+_decoder = msgspec.json.Decoder(AnyRecord)
 _encoder = msgspec.json.Encoder()
 
 
@@ -91,14 +105,14 @@ def process_start_time(pid: int) -> int | None:
 
 @dataclass
 class ParsedJournal:
-    records: list[SessionStart | SessionEnd]
+    records: list[AnyRecord]
     torn: int  # lines that did not parse (a crash mid-write leaves at most one)
     ends_with_newline: bool
 
 
 def parse(data: bytes) -> ParsedJournal:
     """The records of a journal; a torn or unreadable line is counted and skipped."""
-    records: list[SessionStart | SessionEnd] = []
+    records: list[AnyRecord] = []
     torn = 0
     for line in data.split(b"\n"):
         if not line.strip():
@@ -115,13 +129,13 @@ def read_file(path: str) -> ParsedJournal:
         return parse(file.read())
 
 
-def open_sessions(records: list[SessionStart | SessionEnd]) -> list[SessionStart]:
+def open_sessions(records: list[AnyRecord]) -> list[SessionStart]:
     """`session.start` records that have no `session.end`, in order."""
     ended = {r.id for r in records if isinstance(r, SessionEnd)}
     return [r for r in records if isinstance(r, SessionStart) and r.id not in ended]
 
 
-def pair_sessions(records: list[SessionStart | SessionEnd],
+def pair_sessions(records: list[AnyRecord],
                   ) -> Iterator[tuple[SessionStart, SessionEnd | None]]:
     """Every start with its end (None while it runs), in the order the sessions started."""
     ends = {r.id: r for r in records if isinstance(r, SessionEnd)}
@@ -198,6 +212,10 @@ class Journal:
         await self.append(SessionEnd(id=session_id, at=now_rfc3339(), reason=reason, code=code,
                                      signal=signal, error=error, errno=errno,
                                      bytes_in=bytes_in, bytes_out=bytes_out))
+
+    async def note(self, event: str, session_id: str, peer: str) -> None:
+        """Record a `detach` or an `attach` of ``session_id`` by ``peer``."""
+        await self.append(_NOTES[event](id=session_id, at=now_rfc3339(), peer=peer))
 
     def close(self) -> None:
         os.close(self.fd)

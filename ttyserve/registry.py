@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import msgspec
 
 from .backends.base import Backend, ProcessSpec
 from .errors import ErrorCode, RequestError
 from .journal import Journal, Reason
-from .protocol.messages import Exit, Open
+from .protocol.messages import Exit, Open, SessionInfo
 from .session import Session
 from .settings import ServerSettings
 
@@ -50,10 +53,14 @@ class SessionRegistry:
         self.settings = settings
         self.backend = backend
         self.journal = journal
+        # Running sessions, and detachable ones that ended while detached (until their exit
+        # reaches the next attach, or --detached-timeout passes).
         self.sessions: dict[str, Session] = {}
         self.closing = False  # a graceful shutdown began: no new sessions
+        self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._emptied: anyio.Event | None = None
+        self._replan: anyio.Event = anyio.Event()  # a detach or attach moved a deadline
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionRegistry]:
@@ -61,6 +68,7 @@ class SessionRegistry:
         cancelled (killed and reaped)."""
         async with anyio.create_task_group() as tg:
             self._task_group = tg
+            tg.start_soon(self._sweep)
             try:
                 yield self
             finally:
@@ -74,7 +82,7 @@ class SessionRegistry:
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
             cwd=request.cwd or self.settings.default_cwd)
 
-    async def open(self, request: Open, peer: str, sessions_here: int) -> Session:
+    async def open(self, request: Open, owner: str, peer: str, sessions_here: int) -> Session:
         """Admit and spawn a session; RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
         settings = self.settings
@@ -82,9 +90,7 @@ class SessionRegistry:
             raise shutting_down()
         if len(self.sessions) >= settings.max_sessions:
             raise busy(f"the server runs its maximum of {settings.max_sessions} sessions")
-        if sessions_here >= settings.max_sessions_per_connection:
-            raise busy(f"this connection runs its maximum of "
-                       f"{settings.max_sessions_per_connection} sessions")
+        self.check_room(sessions_here)
         try:
             settings.policy.check(request)
         except RequestError as exc:
@@ -105,9 +111,61 @@ class SessionRegistry:
             await self._record(records)
             raise RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
                                errno=exc.errno or errno.EIO) from exc
-        session = Session(session_id, process, spec, peer, settings.linger)
+        session = Session(session_id, process, spec, peer, settings.linger, owner,
+                          settings.scrollback if request.detachable else None)
+        session.on_delivered = lambda: self._forget(session)
         self.sessions[session_id] = session
         return session
+
+    def find(self, session_id: str, owner: str) -> Session:
+        """The detachable session ``session_id`` of ``owner``; RequestError(no_such_session)
+        when it is unknown, expired, not detachable, or another principal's (alike, so
+        its existence is not revealed)."""
+        session = self.sessions.get(session_id)
+        if session is None or not session.detachable or session.owner != owner:
+            raise RequestError(ErrorCode.NO_SUCH_SESSION,
+                               "no such session: unknown, expired, or not yours")
+        return session
+
+    def listing(self, owner: str) -> list[SessionInfo]:
+        """``owner``'s detachable sessions, for `list`."""
+        return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
+                            started=s.started, attached=s.sink is not None,
+                            exit=msgspec.structs.asdict(s.pending_exit) if s.pending_exit
+                            else None)
+                for s in self.sessions.values() if s.detachable and s.owner == owner]
+
+    def deadline_moved(self) -> None:
+        """A session was detached or attached: the sweeper plans again."""
+        self._replan.set()
+
+    def _forget(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    async def _sweep(self) -> None:
+        """Hang up detached sessions nobody attached for --detached-timeout (journal:
+        abandoned), and drop ended ones whose exit nobody came for; on time to the second."""
+        timeout = self.settings.detached_timeout
+        while True:
+            self._replan = anyio.Event()
+            now = time.monotonic()
+            deadlines = []
+            for session in list(self.sessions.values()):
+                if session.detached_at is None or session.sink is not None:
+                    continue
+                deadline = session.detached_at + timeout
+                if deadline > now:
+                    deadlines.append(deadline)
+                elif session.pending_exit is not None:
+                    log.info("session %s: its exit was not collected in time: dropped",
+                             session.id)
+                    self._forget(session)
+                elif session.ending is None:
+                    log.info("session %s: detached for %g s: hung up", session.id, timeout)
+                    session.cancel(Reason.ABANDONED)
+            with anyio.move_on_after(min(deadlines) - now if deadlines else math.inf):
+                await self._replan.wait()
 
     def start(self, session: Session) -> None:
         """Run an opened (and attached) session in the registry's task group."""
@@ -116,6 +174,7 @@ class SessionRegistry:
 
     async def _run(self, session: Session) -> None:
         spec = session.spec
+        self._running += 1
         recorded = await self._record(lambda journal: journal.start(
             session.id, session.peer, spec.argv, spec.pty, session.pid))
         status: Exit | None = None
@@ -131,8 +190,12 @@ class SessionRegistry:
                 session.sink.ended()
             if recorded:
                 await self._record(lambda journal: self._journal_end(journal, session, status))
-            del self.sessions[session.id]  # after the end record: "empty" means all written
-            if not self.sessions and self._emptied is not None:
+            if session.pending_exit is None:  # else kept for the next attach, in bounded memory
+                self._forget(session)
+            else:
+                self.deadline_moved()
+            self._running -= 1  # after the end record: "none running" means all written
+            if not self._running and self._emptied is not None:
                 self._emptied.set()
 
     async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
@@ -158,13 +221,35 @@ class SessionRegistry:
             error=final.error if final else None,
             bytes_in=session.bytes_in, bytes_out=session.bytes_out)
 
+    def check_room(self, sessions_here: int) -> None:
+        """RequestError(busy) when a connection carries its maximum of sessions."""
+        limit = self.settings.max_sessions_per_connection
+        if sessions_here >= limit:
+            raise busy(f"this connection runs its maximum of {limit} sessions")
+
+    def detached(self, session: Session, peer: str) -> None:
+        """``session`` went on without its client: its timeout runs from now."""
+        self._note(session, "detach", peer)
+
+    def attached(self, session: Session, peer: str) -> None:
+        self._note(session, "attach", peer)
+
+    def _note(self, session: Session, event: str, peer: str) -> None:
+        self.deadline_moved()
+        if self.journal is not None and self._task_group is not None:
+            self._task_group.start_soon(self._record, lambda journal: journal.note(
+                event, session.id, peer))
+
     def hang_up_all(self) -> None:
-        """Graceful shutdown: no new sessions; SIGHUP to every session's process group."""
+        """Graceful shutdown: no new sessions; SIGHUP to every running session's process
+        group, detached ones included."""
         self.closing = True
         for session in list(self.sessions.values()):
-            session.hang_up()
+            if session.pending_exit is None:
+                session.hang_up()
 
     async def wait_empty(self) -> None:
-        while self.sessions:
+        """Until no session runs (ended ones waiting for an attach do not count)."""
+        while self._running:
             self._emptied = anyio.Event()
             await self._emptied.wait()

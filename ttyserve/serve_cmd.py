@@ -122,7 +122,9 @@ async def _serve(config: ServeConfig) -> int:
         allowed_origins=allowed_origins(config), max_sessions=config.max_sessions,
         max_sessions_per_connection=config.max_sessions_per_connection,
         handshake_timeout=config.handshake_timeout, max_connections=config.max_connections,
-        shutdown_timeout=config.shutdown_timeout,
+        shutdown_timeout=config.shutdown_timeout, scrollback=config.scrollback,
+        detached_timeout=config.detached_timeout, record_dir=config.record,
+        record_input=config.record_input,
     )
     leases: list[SocketLease] = []
     journal: Journal | None = None

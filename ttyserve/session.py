@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import collections
 import signal
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import anyio
 import anyio.abc
 
 from .backends.base import OutputSource, ProcessHandle, ProcessSpec
-from .journal import Reason
+from .journal import Reason, now_rfc3339
 from .protocol.frames import FrameKind
 from .protocol.messages import Eof, Exit, Message, Resize, Signal
+from .scrollback import Scrollback
 from .settings import DEFAULT_LINGER
 
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
+READ_SIZE = 1 << 20  # the most one read takes while no client is attached (then one frame)
 
 
 class OutputSink(Protocol):
@@ -45,8 +49,8 @@ class OutputSink(Protocol):
         """Send one output frame, waiting while the connection's queue is full."""
         ...
 
-    async def send_exit(self, status: Exit) -> None:
-        """Send the channel's last frame."""
+    async def send_exit(self, status: Exit) -> bool:
+        """Send the channel's last frame; False when the sink was let go first (detached)."""
         ...
 
     def stdin_consumed(self, size: int) -> None:
@@ -56,6 +60,21 @@ class OutputSink(Protocol):
     def ended(self) -> None:
         """The session is over, whichever way it ended: the sink is released."""
         ...
+
+    def release(self, reason: str | None = None) -> None:
+        """The session goes on without this sink (detached; ``reason`` "stolen" when another
+        took it): the channel ends with `detached`, and whatever waits on the sink wakes."""
+        ...
+
+
+class OutputObserver(Protocol):
+    """Sees every output chunk and the end, whether a client is attached or not."""
+
+    def output(self, kind: FrameKind, data: bytes) -> None: ...
+
+    def resized(self, rows: int, cols: int) -> None: ...
+
+    def exited(self, status: Exit) -> None: ...
 
 
 class _Reading:
@@ -71,13 +90,23 @@ class Session:
     """One process the server runs, from spawn until its exit status is sent."""
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
-                 peer: str, linger: float = DEFAULT_LINGER) -> None:
+                 peer: str, linger: float = DEFAULT_LINGER, owner: str = "",
+                 scrollback: int | None = None) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
         self.peer = peer  # for the journal and the logs
+        self.owner = owner  # the principal that opened it: only it may list or attach it
+        self.started = now_rfc3339()
+        self.size = (spec.rows, spec.cols)  # the terminal's, as last set
         self.scope = anyio.CancelScope()  # cancelled to cancel the session
         self.sink: OutputSink | None = None
+        # Detachable sessions (section 9) keep a ring of their output, attached or not.
+        self.ring = Scrollback(scrollback) if scrollback is not None else None
+        self.detached_at: float | None = None  # when it was last left without a sink
+        self.pending_exit: Exit | None = None  # it ended while detached: for the next attach
+        self.observers: list[OutputObserver] = []  # a recording, say: sees all output
+        self.on_delivered: Callable[[], None] | None = None  # the registry forgets it then
         self.ending: Reason | None = None  # why it was ended, when something ended it
         self.bytes_in = 0
         self.bytes_out = 0
@@ -97,8 +126,29 @@ class Session:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def detachable(self) -> bool:
+        return self.ring is not None
+
     def attach(self, sink: OutputSink) -> None:
-        self.sink = sink
+        """Write to ``sink`` from now on; a sink it wrote to before is released as stolen."""
+        previous, self.sink = self.sink, sink
+        self.detached_at = None
+        if previous is not None:
+            previous.release("stolen")
+
+    def detach(self) -> None:
+        """Go on without a sink: output only goes to the ring, and the process never waits."""
+        previous, self.sink = self.sink, None
+        self.detached_at = time.monotonic()
+        if previous is not None:
+            previous.release()
+
+    def exit_delivered(self) -> None:
+        """The exit of a session that ended while detached reached the next attach."""
+        self.pending_exit = None
+        if self.on_delivered is not None:
+            self.on_delivered()
 
     def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
         """End the session now: kill and reap its processes, send nothing more."""
@@ -147,10 +197,16 @@ class Session:
         self._stdin_queued = 0
         self._wake_feeders()
 
+    def resize(self, rows: int, cols: int) -> None:
+        self.size = (rows, cols)
+        self.process.resize(rows, cols)
+        for observer in self.observers:
+            observer.resized(rows, cols)
+
     def control(self, message: Message) -> None:
         """Apply `resize` or `signal` at once: they do not wait behind stdin."""
         if isinstance(message, Resize):
-            self.process.resize(message.rows, message.cols)
+            self.resize(message.rows, message.cols)
         elif isinstance(message, Signal):
             self.process.send_signal(signal.Signals["SIG" + message.name])
 
@@ -180,21 +236,48 @@ class Session:
                         scope.cancel()
                 if not self._outputs_done.is_set():
                     await self._outputs_done.wait()  # the pumps send what is buffered, then stop
-                assert self.sink is not None
-                await self.sink.send_exit(status)
+                for observer in self.observers:
+                    observer.exited(status)
+                await self._deliver_exit(status)
                 tg.cancel_scope.cancel()
             return status
         finally:
             self._task_group = None
             await self.process.aclose()
 
+    async def _deliver_exit(self, status: Exit) -> None:
+        """The exit goes to whichever sink is attached when it can be sent; with none (a
+        detached session), it waits for the next attach."""
+        while (sink := self.sink) is not None:
+            if await sink.send_exit(status):
+                return
+        self.pending_exit = status
+
+    def _limit(self) -> int:
+        """What a pump may read now: the sink's credit, or a frame's worth when detached."""
+        sink = self.sink
+        return READ_SIZE if sink is None else sink.limit()
+
+    async def _wait_room(self) -> None:
+        sink = self.sink
+        if sink is not None:
+            await sink.wait_credit()  # also ends when the sink is let go
+
+    async def _deliver(self, kind: FrameKind, data: bytes) -> None:
+        self.bytes_out += len(data)
+        if self.ring is not None:
+            self.ring.append(kind, data)
+        for observer in self.observers:
+            observer.output(kind, data)
+        sink = self.sink
+        if sink is not None:
+            await sink.send_output(kind, data)
+
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
         # Credit is checked and spent with no await in between (two pumps share it),
         # and no credit is held while waiting for output. Without credit one byte may be
         # read ahead and held: that is how the pump learns of end-of-file (and lets the
         # exit go) when the output ended exactly at the edge of the window.
-        sink = self.sink
-        assert sink is not None
         reading = _Reading()
         held = b""
         try:
@@ -202,10 +285,10 @@ class Session:
                 self._readers.append((scope, reading))
                 while not self._lingering_over:
                     reading.now = True  # only a wait may be cut short by the linger
-                    limit = sink.limit()
+                    limit = self._limit()
                     if not limit:
                         if held:
-                            await sink.wait_credit()
+                            await self._wait_room()
                         elif not (held := source.receive_nowait(1)):
                             if source.at_eof:
                                 return
@@ -221,17 +304,15 @@ class Session:
                         await source.wait_readable()
                         continue
                     reading.now = False
-                    self.bytes_out += len(data)
-                    await sink.send_output(kind, data)
+                    await self._deliver(kind, data)
             # The linger ran out: send what is buffered now, not what comes later.
-            while not (limit := sink.limit()):
+            while not (limit := self._limit()):
                 if not held and not (held := source.receive_nowait(1)):
                     return
-                await sink.wait_credit()
+                await self._wait_room()
             data = held + source.receive_nowait(limit - len(held))
             if data:
-                self.bytes_out += len(data)
-                await sink.send_output(kind, data)
+                await self._deliver(kind, data)
         finally:
             self._open_outputs -= 1
             if self._open_outputs == 0:

@@ -19,6 +19,8 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds for `hello` (and, single-session, `o
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_MAX_SESSIONS_PER_CONNECTION = 64
+DEFAULT_SCROLLBACK = 1 << 20  # bytes of output a detachable session keeps (section 9)
+DEFAULT_DETACHED_TIMEOUT = 24 * 3600.0  # seconds a detached session waits for an attach
 
 __all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_STDIN_WINDOW", "ServerSettings"]
 
@@ -40,3 +42,7 @@ class ServerSettings:
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     allowed_origins: frozenset[str] = frozenset()  # besides a web listener's own (section 8)
+    scrollback: int = DEFAULT_SCROLLBACK
+    detached_timeout: float = DEFAULT_DETACHED_TIMEOUT
+    record_dir: str | None = None  # asciicast v3 files of PTY sessions, when set
+    record_input: bool = False

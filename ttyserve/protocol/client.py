@@ -24,13 +24,18 @@ from .frames import (
 )
 from .messages import (
     SERVER_MESSAGES,
+    Attach,
+    Attached,
     Cancel,
+    Detached,
     Error,
     Exit,
     Hello,
+    List,
     Message,
     Open,
     Opened,
+    Sessions,
     Welcome,
     Window,
     convert_message,
@@ -50,6 +55,26 @@ class WelcomeReceived:
 class OpenedReceived:
     channel: int
     pid: int
+    session: str | None = None  # a detachable session's id
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedReceived:
+    channel: int
+    attached: Attached
+
+
+@dataclass(frozen=True, slots=True)
+class DetachedReceived:
+    """The channel's last frame: its session goes on without it (``reason`` "stolen"...)."""
+
+    channel: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsReceived:
+    sessions: Sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +114,8 @@ class StdinCreditGranted:
 
 
 ClientEvent = (
-    WelcomeReceived | OpenedReceived | OpenRefused | OutputReceived | ExitReceived
-    | ErrorReceived | StdinCreditGranted
+    WelcomeReceived | OpenedReceived | AttachedReceived | OpenRefused | OutputReceived
+    | ExitReceived | DetachedReceived | ErrorReceived | StdinCreditGranted | SessionsReceived
 )
 
 
@@ -114,8 +139,8 @@ class ClientConnection:
         self.hello_sent = hello
         return _control_frame(0, hello)
 
-    def open(self, channel: int, request: Open) -> bytes:
-        """Frame an `open`; the channel is opening until `opened` or its refusal."""
+    def open(self, channel: int, request: Open | Attach) -> bytes:
+        """Frame an `open` (or an `attach`); the channel is opening until its answer."""
         if self.hello_sent is None:
             raise LocalProtocolError("'open' before 'hello'")
         if channel < 1 or self.channels.state(channel) is not None:
@@ -123,9 +148,15 @@ class ClientConnection:
         if not self.hello_sent.multiplex and len(self.channels.used):
             raise LocalProtocolError("this connection carries one session (multiplex is false)")
         self.channels.begin(channel, Channel(
-            ChannelState.OPENING, pty=request.pty, output_credit=self.hello_sent.window,
-            stdin_credit=self._initial_stdin_credit()))
+            ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
+            output_credit=self.hello_sent.window, stdin_credit=self._initial_stdin_credit()))
         return _control_frame(channel, request)
+
+    def list_sessions(self) -> bytes:
+        """Frame `list` (channel 0); the answer is a SessionsReceived event."""
+        if self.hello_sent is None:
+            raise LocalProtocolError("'list' before 'hello'")
+        return _control_frame(0, List())
 
     def _initial_stdin_credit(self) -> int | None:
         assert self.hello_sent is not None
@@ -268,18 +299,25 @@ class ClientConnection:
             if record.stdin_credit is not None:
                 record.stdin_credit += message.bytes
             return StdinCreditGranted(channel)
-        step = Step.OPENED if isinstance(message, Opened) else Step.EXITED
-        if not isinstance(message, Opened | Exit) or next_state(record.state, step) is None:
+        step = _STEPS.get(type(message))
+        if step is None or next_state(record.state, step) is None:
             raise RemoteProtocolError(
                 f"{msg_type!r} on channel {channel} while it is {record.state.value}")
         self.channels.step(channel, step)
         if isinstance(message, Opened):
-            return OpenedReceived(channel, message.pid)
-        assert isinstance(message, Exit)
+            return OpenedReceived(channel, message.pid, message.session)
+        if isinstance(message, Attached):
+            record.pty = message.pty
+            return AttachedReceived(channel, message)
         self._remember_end(channel)
+        if isinstance(message, Detached):
+            return DetachedReceived(channel, message.reason)
+        assert isinstance(message, Exit)
         return ExitReceived(channel, message)
 
     def _connection_message(self, message: Message) -> ClientEvent | None:
+        if isinstance(message, Sessions):
+            return SessionsReceived(message)
         if isinstance(message, Welcome):
             if self.welcome is not None:
                 raise RemoteProtocolError("a second 'welcome'")
@@ -303,6 +341,11 @@ class ClientConnection:
         self._ended_by_server[channel] = None
         if len(self._ended_by_server) > RECENT_ENDS:
             self._ended_by_server.popitem(last=False)
+
+
+_STEPS: dict[type[Message], Step] = {
+    Opened: Step.OPENED, Attached: Step.OPENED, Exit: Step.EXITED, Detached: Step.DETACHED,
+}
 
 
 def _control_frame(channel: int, message: Message) -> bytes:

@@ -49,6 +49,24 @@ class Open(Message, tag="open"):
     term: str = DEFAULT_TERM
     env: dict[str, str] = {}
     cwd: str | None = None
+    detachable: bool = False  # section 9: it outlives its connection
+
+
+class Attach(Message, tag="attach"):
+    """Instead of `open`, on a fresh channel: take over a detachable session (section 9)."""
+
+    session: str
+    rows: Dimension | None = None
+    cols: Dimension | None = None
+    steal: bool = False
+
+
+class Detach(Message, tag="detach"):
+    pass
+
+
+class List(Message, tag="list"):
+    """On channel 0: the caller's detachable sessions."""
 
 
 class Resize(Message, tag="resize"):
@@ -87,6 +105,36 @@ class Welcome(Message, tag="welcome"):
 class Opened(Message, tag="opened"):
     pid: int
     argv: list[str] | None = None  # what runs (the server's default when `open` had none)
+    session: str | None = None  # a detachable session's id (section 9)
+
+
+class Attached(Message, tag="attached"):
+    session: str
+    pid: int
+    pty: bool
+    dropped: int  # output bytes lost from the ring since the session started
+
+
+class Detached(Message, tag="detached"):
+    """A channel's last frame when its session goes on without it."""
+
+    reason: str | None = None  # "stolen" when another channel attached with steal
+
+
+class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One entry of `sessions`."""
+
+    session: str
+    argv: list[str]
+    pid: int
+    pty: bool
+    started: str  # RFC 3339
+    attached: bool
+    exit: dict[str, Any] | None = None  # the members of its `exit` message, once ended
+
+
+class Sessions(Message, tag="sessions"):
+    sessions: list[SessionInfo]
 
 
 class Exit(Message, tag="exit"):
@@ -105,15 +153,16 @@ class Error(Message, tag="error"):
     channel: int | None = None  # channel_in_use on channel 0 names the ended channel
 
 
-ClientMessage = Hello | Open | Resize | Signal | Eof | Cancel | Window
-ServerMessage = Welcome | Opened | Exit | Error | Window
+ClientMessage = Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
+ServerMessage = Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
 
 CLIENT_MESSAGES: dict[str, type[Message]] = {
-    "hello": Hello, "open": Open, "resize": Resize, "signal": Signal,
-    "eof": Eof, "cancel": Cancel, "window": Window,
+    "hello": Hello, "open": Open, "attach": Attach, "detach": Detach, "list": List,
+    "resize": Resize, "signal": Signal, "eof": Eof, "cancel": Cancel, "window": Window,
 }
 SERVER_MESSAGES: dict[str, type[Message]] = {
-    "welcome": Welcome, "opened": Opened, "exit": Exit, "error": Error, "window": Window,
+    "welcome": Welcome, "opened": Opened, "attached": Attached, "detached": Detached,
+    "sessions": Sessions, "exit": Exit, "error": Error, "window": Window,
 }
 
 _encoder = msgspec.json.Encoder()

@@ -1,4 +1,4 @@
-"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4 and 7.
+"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4, 7 and 9.
 
 Bytes go in with `receive_data`; `next_event` hands out one event at a time,
 so the I/O layer's decisions (accept a hello, admit an open) take effect
@@ -27,12 +27,18 @@ from .frames import (
 from .messages import (
     CLIENT_MESSAGES,
     PROTOCOL_VERSION,
+    Attach,
+    Attached,
     Cancel,
+    Detach,
+    Detached,
     Exit,
     Hello,
+    List,
     Message,
     Open,
     Opened,
+    Sessions,
     Welcome,
     Window,
     convert_message,
@@ -71,6 +77,26 @@ class OpenRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class AttachRequested:
+    """Answer it with `attached` or refuse it, as an `open`."""
+
+    channel: int
+    request: Attach
+
+
+@dataclass(frozen=True, slots=True)
+class DetachRequested:
+    """`detach` on a live channel: answer `send_detached`, or refuse it."""
+
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListRequested:
+    """`list` on channel 0: answer `send_sessions`."""
+
+
+@dataclass(frozen=True, slots=True)
 class StdinReceived:
     channel: int
     data: bytes
@@ -99,8 +125,8 @@ class CancelRequested:
 
 
 ServerEvent = (
-    HelloReceived | OpenRequested | StdinReceived | ControlReceived | CreditGranted
-    | CancelRequested
+    HelloReceived | OpenRequested | AttachRequested | StdinReceived | ControlReceived
+    | CreditGranted | CancelRequested | DetachRequested | ListRequested
 )
 
 
@@ -120,6 +146,7 @@ class ServerConnection:
         self._out: list[Buffer] = []
         self._session: int | None = None  # single-session: the channel that carries it
         self._undecided: int | None = None  # the `open` whose answer the I/O layer owes
+        self._listed = False  # a `list` was asked: it satisfies the handshake as `open` does
         self.error: ProtocolError | None = None  # why the connection closed, if the protocol broke
 
     # --- what the I/O layer asks ------------------------------------------------
@@ -141,7 +168,8 @@ class ServerConnection:
     @property
     def handshake_done(self) -> bool:
         """`hello` answered and, on a single-session connection, its session asked for."""
-        return self.stage is Stage.READY and (self.multiplex or self._session is not None)
+        return self.stage is Stage.READY and (
+            self.multiplex or self._session is not None or self._listed)
 
     @property
     def closing(self) -> bool:
@@ -249,8 +277,11 @@ class ServerConnection:
         msg_type, obj = parse_object(payload)
         if msg_type == "hello":
             raise RemoteProtocolError("a second 'hello'")
-        if msg_type == "open":
-            return self._open(channel, obj)
+        if msg_type in ("open", "attach"):
+            return self._open(channel, msg_type, obj)
+        if msg_type == "list" and channel == 0:
+            self._listed = True
+            return ListRequested()
         state = self.channels.state(channel)
         if state is ChannelState.ENDED:
             return None
@@ -276,11 +307,19 @@ class ServerConnection:
                 return None  # no windows on this connection: nothing to add to
             record.output_credit += message.bytes
             return CreditGranted(channel)
+        if isinstance(message, List):
+            self._frame_error(channel, RequestError(ErrorCode.BAD_REQUEST,
+                                                    "'list' goes on channel 0"))
+            return None
+        if isinstance(message, Detach):
+            return DetachRequested(channel)
         return ControlReceived(channel, message)
 
-    def _open(self, channel: int, obj: dict[str, object]) -> OpenRequested | None:
+    def _open(self, channel: int, msg_type: str, obj: dict[str, object],
+              ) -> OpenRequested | AttachRequested | None:
+        """`open` and `attach`: each begins a channel, and is answered before the next frame."""
         if channel == 0:
-            raise RemoteProtocolError("'open' on channel 0")
+            raise RemoteProtocolError(f"{msg_type!r} on channel 0")
         state = self.channels.state(channel)
         if state is ChannelState.ENDED:  # answered on channel 0: nothing follows a channel's end
             self._frame_error(0, RequestError(
@@ -299,17 +338,19 @@ class ServerConnection:
                 return None
             self._session = channel
         try:
-            request = convert_message("open", obj, CLIENT_MESSAGES)
+            request = convert_message(msg_type, obj, CLIENT_MESSAGES)
         except RequestError as exc:
             self._frame_error(channel, exc)
             self._channel_ended(channel)
             return None
-        assert isinstance(request, Open)
         assert self.hello is not None
         self.channels.begin(channel, Channel(
-            ChannelState.OPENING, pty=request.pty, output_credit=self.hello.window,
-            stdin_credit=self.stdin_window))
+            ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
+            output_credit=self.hello.window, stdin_credit=self.stdin_window))
         self._undecided = channel
+        if isinstance(request, Attach):
+            return AttachRequested(channel, request)
+        assert isinstance(request, Open)
         return OpenRequested(channel, request)
 
     # --- decisions and frames ---------------------------------------------------
@@ -335,13 +376,37 @@ class ServerConnection:
             self.error = error
         self.stage = Stage.CLOSING
 
-    def opened(self, channel: int, pid: int, argv: list[str] | None = None) -> bool:
-        """Frame `opened` (with the command that runs); False when the connection closed."""
+    def opened(self, channel: int, pid: int, argv: list[str] | None = None,
+               session: str | None = None) -> bool:
+        """Frame `opened` (with the command that runs, and a detachable session's id);
+        False when the connection closed meanwhile."""
         if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
             return False
         self._decided(channel)
-        self._frame_control(channel, Opened(pid=pid, argv=argv))
+        self._frame_control(channel, Opened(pid=pid, argv=argv, session=session))
         return True
+
+    def attached(self, channel: int, answer: Attached) -> bool:
+        """Answer `attach` with `attached` (the scrollback and live output follow)."""
+        if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
+            return False
+        self._decided(channel)
+        self.channels.live[channel].pty = answer.pty
+        self._frame_control(channel, answer)
+        return True
+
+    def send_detached(self, channel: int, reason: str | None = None) -> bool:
+        """Frame `detached`, the channel's last frame: its session goes on without it."""
+        if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.DETACHED):
+            return False
+        self._frame_control(channel, Detached(reason=reason))
+        self._channel_ended(channel)
+        return True
+
+    def send_sessions(self, listing: Sessions) -> None:
+        """Answer `list` on channel 0."""
+        if self.stage is not Stage.CLOSING:
+            self._frame_control(0, listing)
 
     def refuse(self, channel: int, error: RequestError) -> bool:
         """Answer a request on ``channel`` with `error`; refusing an `open` ends the channel.
