@@ -28,16 +28,26 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .addresses import Address, default_address, parse_address
 from .credentials import tls_context
 from .dial import open_transport
-from .errors import ConnectionLost, RemoteProtocolError, RequestError, SessionCancelled
+from .errors import (
+    ConnectionLost,
+    LocalProtocolError,
+    RemoteProtocolError,
+    RequestError,
+    SessionCancelled,
+    SessionDetached,
+)
 from .outbox import Outbox
 from .protocol.client import (
+    AttachedReceived,
     ClientConnection,
     ClientEvent,
+    DetachedReceived,
     ErrorReceived,
     ExitReceived,
     OpenedReceived,
     OpenRefused,
     OutputReceived,
+    SessionsReceived,
     StdinCreditGranted,
     WelcomeReceived,
 )
@@ -47,6 +57,9 @@ from .protocol.messages import (
     DEFAULT_ROWS,
     DEFAULT_TERM,
     PROTOCOL_VERSION,
+    Attach,
+    Detach,
+    Detached,
     Eof,
     Error,
     Exit,
@@ -54,6 +67,8 @@ from .protocol.messages import (
     Message,
     Open,
     Resize,
+    SessionInfo,
+    Sessions,
     Signal,
     SignalName,
     Welcome,
@@ -88,7 +103,7 @@ class CompletedSession:
         return self.status.code
 
 
-_Item = OutputChunk | Exit | Error | Exception
+_Item = OutputChunk | Exit | Detached | Error | Exception
 
 
 class Session:
@@ -98,7 +113,11 @@ class Session:
         self._connection = connection
         self.channel = channel
         self.pid: int | None = None
+        self.id: str | None = None  # a detachable session's id: what `attach` takes
+        self.pty: bool | None = None
+        self.dropped = 0  # for an attached session: output lost from its ring before
         self.status: Exit | None = None
+        self.detached: Detached | None = None  # the channel ended, the session goes on
         self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
         self._opened = anyio.Event()
         self._open_error: Exception | None = None
@@ -110,6 +129,7 @@ class Session:
         queue = math.inf if connection.window is not None else SESSION_QUEUE
         self._send, self._receive = anyio.create_memory_object_stream[_Item](queue)
         self._cancelled = False
+        self._detaching: anyio.Event | None = None
         self._lost: Exception | None = None  # why the connection ended, once it has
         self._credit: anyio.Event | None = None  # made only when stdin has to wait
 
@@ -156,6 +176,17 @@ class Session:
         """Send a signal by name without `SIG` (`INT`, `TERM`, ...)."""
         await self._control(Signal(name=name))
 
+    async def detach(self) -> None:
+        """Leave a detachable session running; output that came before `detached` can still
+        be read, then the iteration ends with SessionDetached."""
+        if self.id is None:
+            raise LocalProtocolError("this session is not detachable (spawn it with "
+                                     "detachable=True)")
+        if self.status is None and self.detached is None and not self._cancelled:
+            self._detaching = self._detaching or anyio.Event()
+            await self._control(Detach())
+            await self._detaching.wait()
+
     async def cancel(self) -> None:
         """End the session now: the server kills the process group; no `exit` follows."""
         if self.status is None and not self._cancelled:
@@ -189,11 +220,15 @@ class Session:
         """The next output chunk, or None once the `exit` arrived (see `status`).
 
         Raises ConnectionLost if the connection ended first, RemoteProtocolError
-        if the server broke the protocol, SessionCancelled after `cancel`.
+        if the server broke the protocol, SessionCancelled after `cancel`,
+        SessionDetached once the channel ended with the session going on (a `detach`,
+        or another client that attached with steal).
         """
         while True:
             if self.status is not None:
                 return None
+            if self.detached is not None:
+                raise SessionDetached(self.detached.reason)
             try:
                 item = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -204,6 +239,9 @@ class Session:
             if isinstance(item, Exit):
                 self.status = item
                 return None
+            if isinstance(item, Detached):
+                self.detached = item
+                continue
             if isinstance(item, Exception):
                 raise item
             self.errors.append(item)
@@ -248,6 +286,7 @@ class Connection:
         self.multiplex = multiplex
         self.window = window
         self._sessions: dict[int, Session] = {}
+        self._listings: list[tuple[list[Sessions | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
         self._failure: Exception | None = None
 
@@ -271,12 +310,42 @@ class Connection:
         term: str = DEFAULT_TERM,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        detachable: bool = False,
     ) -> Session:
-        """Open a session and wait for `opened`. Raises RequestError if refused."""
+        """Open a session and wait for `opened`. Raises RequestError if refused.
+
+        A ``detachable`` session outlives this connection: `session.id` names it for
+        `attach`, and it keeps a scrollback of its output meanwhile (section 9).
+        """
+        request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
+                       env=dict(env or {}), cwd=cwd, detachable=detachable)
+        session = await self._begin(request)
+        session.pty = pty
+        return session
+
+    async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
+                     cols: int | None = None) -> Session:
+        """Take over a detachable session: its scrollback comes first, then live output, then
+        its exit (even if it ended while detached). With ``rows`` and ``cols`` its terminal
+        is resized first. Raises RequestError: no_such_session, or session_in_use (attached
+        elsewhere; ``steal`` takes it over, and the other client's channel ends)."""
+        return await self._begin(Attach(session=session_id, rows=rows, cols=cols, steal=steal))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """This principal's detachable sessions, running, detached or ended (section 9)."""
+        self._raise_failure()
+        waiter: list[Sessions | Exception] = []
+        done = anyio.Event()
+        self._listings.append((waiter, done))
+        await self._write(self._core.list_sessions())
+        await done.wait()
+        if isinstance(waiter[0], Exception):
+            raise waiter[0]
+        return waiter[0].sessions
+
+    async def _begin(self, request: Open | Attach) -> Session:
         self._raise_failure()
         channel = next(self._channels)
-        request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
-                       env=dict(env or {}), cwd=cwd)
         frame = self._core.open(channel, request)
         session = Session(self, channel)
         self._sessions[channel] = session
@@ -340,7 +409,27 @@ class Connection:
             session = self._sessions.get(event.channel)
             if session is not None:
                 session.pid = event.pid
+                session.id = event.session
                 session._opened.set()
+        elif isinstance(event, AttachedReceived):
+            session = self._sessions.get(event.channel)
+            if session is not None:
+                answer = event.attached
+                session.pid, session.id, session.pty = answer.pid, answer.session, answer.pty
+                session.dropped = answer.dropped
+                session._opened.set()
+        elif isinstance(event, DetachedReceived):
+            session = self._sessions.pop(event.channel, None)
+            if session is not None:
+                session._credit_granted()
+                await session._deliver(Detached(reason=event.reason))
+                if session._detaching is not None:
+                    session._detaching.set()
+        elif isinstance(event, SessionsReceived):
+            if self._listings:
+                waiter, done = self._listings.pop(0)
+                waiter.append(event.sessions)
+                done.set()
         elif isinstance(event, ExitReceived):
             session = self._sessions.pop(event.channel, None)
             if session is not None:
@@ -363,8 +452,14 @@ class Connection:
     def _fail(self, exc: Exception) -> None:
         if self._failure is None:
             self._failure = exc
+        for waiter, done in self._listings:
+            waiter.append(self._failure)
+            done.set()
+        self._listings.clear()
         for session in self._sessions.values():
             session._credit_granted()
+            if session._detaching is not None:
+                session._detaching.set()
             if not session._opened.is_set():
                 session._open_error = self._failure
                 session._opened.set()
@@ -475,6 +570,8 @@ __all__ = [
     "RequestError",
     "Session",
     "SessionCancelled",
+    "SessionDetached",
+    "SessionInfo",
     "connect",
     "run",
 ]

@@ -10,6 +10,7 @@ ttyserve raises on purpose, in one tree.
     │                               the server to refuse it, by the client when refused
     ├── ConnectionLost              the connection ended before the session did
     ├── SessionCancelled            this side cancelled the session: no `exit` will come
+    ├── SessionDetached             the channel ended, the session goes on (detach, steal)
     ├── SpawnError (an OSError)     the process could not be started; `errno` says why
     ├── AddressError (a ValueError) an address that does not parse
     ├── ConfigError                 a setting that cannot be used (`serve` exits 3)
@@ -89,6 +90,17 @@ class ConnectionLost(TtyserveError):
 
 class SessionCancelled(TtyserveError):
     """This side cancelled the session: the server sends nothing more for it."""
+
+
+class SessionDetached(TtyserveError):
+    """The channel ended with `detached`: the session goes on, to be attached again.
+
+    ``reason`` is the server's (``"stolen"`` when another client took it over).
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(f"the session was detached{f' ({reason})' if reason else ''}")
+        self.reason = reason
 
 
 class SpawnError(TtyserveError, OSError):

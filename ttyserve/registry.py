@@ -40,6 +40,11 @@ def shutting_down() -> RequestError:
                         retry_after_ms=BUSY_RETRY_MS)
 
 
+def _members(status: Exit) -> dict[str, object]:
+    """The members of an `exit` message, as `list` gives them."""
+    return {k: v for k, v in msgspec.structs.asdict(status).items() if v is not None}
+
+
 def new_session_id() -> str:
     """128 random bits, URL-safe: unguessable, so it can name a session to reattach."""
     return secrets.token_urlsafe(16)
@@ -131,8 +136,7 @@ class SessionRegistry:
         """``owner``'s detachable sessions, for `list`."""
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
                             started=s.started, attached=s.sink is not None,
-                            exit=msgspec.structs.asdict(s.pending_exit) if s.pending_exit
-                            else None)
+                            exit=_members(s.pending_exit) if s.pending_exit else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     def deadline_moved(self) -> None:

@@ -1,0 +1,304 @@
+"""Protocol section 9 over real sockets: detachable sessions, the ring, contention, timeouts,
+`list`, principals, and the journal's records of it all."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import (
+    HELLO,
+    SH,
+    ServerProcess,
+    ctrl,
+    processes_in_group,
+    raw_peer,
+    rss_kib,
+    split_output,
+    start_server,
+    wait_until,
+)
+
+from ttyserve.client import Connection, Session, connect
+from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
+from ttyserve.journal import SessionAttach, SessionDetach, SessionEnd, read_file
+from ttyserve.protocol.messages import Attach, Open, SessionInfo
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.05; done"
+TOKEN = "detach-token"
+
+
+@pytest.fixture
+def server(short_dir: Path) -> Iterator[ServerProcess]:
+    token = short_dir / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    process = start_server(short_dir, "--command", SH, "--scrollback", "4096",
+                           "--detached-timeout", "2", "--journal", str(short_dir / "j.jsonl"),
+                           "--token-file", str(token),
+                           listen=[f"unix:{short_dir / 's.sock'}", "tcp:127.0.0.1:0"])
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def address(server: ServerProcess) -> str:
+    return server.addresses[0]
+
+
+async def lines_until(session: Session, done: Callable[[list[int]], bool]) -> list[int]:
+    """The counter's numbers as they come, until ``done`` says enough."""
+    text = b""
+    numbers: list[int] = []
+    while not done(numbers):
+        chunk = await session.receive()
+        assert chunk is not None, "the session ended"
+        text += chunk.data
+        *whole, text = text.split(b"\n")
+        numbers += [int(n) for n in whole]
+    return numbers
+
+
+def consecutive(numbers: list[int]) -> bool:
+    return numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+
+
+async def listing(address: str) -> list[SessionInfo]:
+    async with connect(address, multiplex=True) as conn:
+        return await conn.list_sessions()
+
+
+async def until_listed(address: str, predicate: Callable[[list[SessionInfo]], bool],
+                       timeout: float = 10) -> list[SessionInfo]:
+    """Poll `list` (a detached session tells nobody when it changes: that is the point)."""
+    with anyio.fail_after(timeout):
+        while not predicate(sessions := await listing(address)):
+            await anyio.sleep(0.05)
+        return sessions
+
+
+@pytest.fixture
+async def opened(address: str) -> AsyncIterator[tuple[Connection, Session]]:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True)
+        yield conn, session
+
+
+async def test_replay_then_live_with_no_gap_and_no_duplicate(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True)
+        assert session.id is not None and len(session.id) >= 22  # 128 random bits
+        first = await lines_until(session, lambda n: len(n) >= 5)
+        await session.detach()
+        with pytest.raises(SessionDetached):
+            while True:  # output that came before `detached`, then the end of the channel
+                chunk = await session.receive()
+                assert chunk is not None
+                first += [int(n) for n in chunk.data.split()]
+    assert consecutive(first) and first[0] == 0
+    previous = first
+    for _ in range(3):  # the cycle again through new connections; the last one just drops
+        await anyio.sleep(0.3)  # the process prints into the ring meanwhile: nobody listens
+        async with connect(address, multiplex=True) as conn:
+            again = await conn.attach(session.id)
+            assert again.pid == session.pid and again.dropped == 0
+            seen = await lines_until(again, lambda n: len(n) > len(previous) + 8)
+        # The ring (all of the output so far, here) comes first, then live output: one
+        # consecutive count from 0, past everything the previous attachment saw.
+        assert consecutive(seen) and seen[0] == 0 and seen[:len(previous)] == previous, seen
+        previous = seen
+    async with connect(address) as conn:
+        last = await conn.attach(session.id)
+        await last.cancel()
+
+
+async def test_the_ring_keeps_the_newest_output_and_counts_what_it_dropped(
+        address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", "read go; seq 1 20000; exit 3"], pty=False,
+                                   detachable=True)
+        await session.send(b"go\n")
+        await session.detach()
+    sessions = await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
+    assert sessions[0].exit == {"code": 3} and sessions[0].attached is False
+    full = b"".join(b"%d\n" % n for n in range(1, 20001))
+    async with connect(address) as conn:
+        again = await conn.attach(sessions[0].session)
+        replay = b"".join([chunk.data async for chunk in again])
+        assert again.status is not None and again.status.code == 3  # delivered after the ring
+    assert len(replay) <= 4096 and full.endswith(replay) and len(replay) > 3000
+    assert again.dropped == len(full) - len(replay)
+    async with connect(address) as conn:  # the exit was delivered once: the session is gone
+        with pytest.raises(RequestError) as info:
+            await conn.attach(sessions[0].session)
+        assert info.value.code == "no_such_session"
+
+
+async def test_session_in_use_steal_and_no_such_session(address: str) -> None:
+    async with connect(address, multiplex=True) as first:
+        session = await first.spawn([SH, "-c", COUNTER], pty=False, detachable=True)
+        async with connect(address, multiplex=True) as second:
+            with pytest.raises(RequestError) as info:
+                await second.attach(session.id or "")
+            assert (info.value.code, info.value.retriable) == ("session_in_use", False)
+            stolen = await second.attach(session.id or "", steal=True)
+            with pytest.raises(SessionDetached) as detached:
+                while await session.receive() is not None:
+                    pass
+            assert detached.value.reason == "stolen"
+            assert consecutive(await lines_until(stolen, lambda n: len(n) >= 3))
+            for unknown in ("nope", "x" * 22):
+                with pytest.raises(RequestError) as info:
+                    await second.attach(unknown)
+                assert info.value.code == "no_such_session"
+            await stolen.cancel()
+
+
+async def test_a_stolen_channel_ends_with_detached_on_the_wire(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True)
+        session_id = session.id or ""
+        await session.detach()
+    async with raw_peer(address) as first, raw_peer(address) as second:
+        await first.send(HELLO + ctrl(1, Attach(session=session_id)))
+        assert (await first.next_control())["type"] == "welcome"
+        assert (await first.next_control())["type"] == "attached"
+        await second.send(HELLO + ctrl(1, Attach(session=session_id, steal=True)))
+        frames = await first.frames_until_eof()  # single-session: closed after `detached`
+        assert split_output(frames, 1)[2][-1] == {"type": "detached", "reason": "stolen"}
+        await second.send(ctrl(1, {"type": "cancel"}))
+
+
+async def test_an_exit_while_detached_is_delivered_once(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", "read go; echo bye; exit 7"], pty=True,
+                                   detachable=True)
+        await session.detach()
+    async with connect(address, multiplex=True) as conn:
+        again = await conn.attach(session.id or "")
+        await again.send(b"go\n")
+        await again.detach()  # and it ends while nobody is attached
+    await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
+    async with connect(address, multiplex=True) as conn:
+        last = await conn.attach(session.id or "")
+        output = b"".join([chunk.data async for chunk in last])
+        assert last.status is not None and last.status.code == 7
+        assert b"bye" in output
+        with pytest.raises(RequestError):
+            await conn.attach(session.id or "")
+    assert await listing(address) == []
+
+
+async def test_detached_timeout_hangs_up_and_the_journal_says_abandoned(
+        server: ServerProcess, address: str, short_dir: Path) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
+        await session.detach()
+    detached_at = anyio.current_time()
+    await until_listed(address, lambda s: s == [], timeout=10)
+    assert 1.5 < anyio.current_time() - detached_at < 4  # --detached-timeout 2, to the second
+    assert await wait_until(lambda: processes_in_group(session.pid or 0) == [], timeout=5)
+    server.stop()
+    records = read_file(str(short_dir / "j.jsonl")).records
+    ends = [r for r in records if isinstance(r, SessionEnd) and r.id == session.id]
+    assert [e.reason for e in ends] == ["abandoned"]
+    assert [type(r) for r in records if getattr(r, "id", None) == session.id
+            and isinstance(r, SessionDetach | SessionAttach)] == [SessionDetach]
+
+
+async def test_an_uncollected_exit_expires_too(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["true"], pty=False, detachable=True)
+        await session.detach()
+    await until_listed(address, lambda s: s == [], timeout=10)
+    async with connect(address) as conn:
+        with pytest.raises(RequestError):
+            await conn.attach(session.id or "")
+
+
+async def test_list_describes_each_session(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", COUNTER], pty=True, detachable=True)
+        plain = await conn.spawn(["sleep", "30"], pty=False)  # not detachable: not listed
+        (info,) = await conn.list_sessions()
+        assert (info.session, info.pid, info.pty, info.attached, info.exit) == (
+            session.id, session.pid, True, True, None)
+        assert info.argv == [SH, "-c", COUNTER]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", info.started)
+        await session.detach()
+        (info,) = await conn.list_sessions()
+        assert info.attached is False
+        await plain.cancel()
+        again = await conn.attach(info.session)
+        await again.cancel()
+
+
+async def test_principals_do_not_see_each_others_sessions(server: ServerProcess) -> None:
+    unix, tcp = server.addresses
+    async with connect(tcp, token=TOKEN, multiplex=True) as conn:
+        session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
+        await session.detach()
+        async with connect(unix, multiplex=True) as other:  # uid 0 is not special
+            assert await other.list_sessions() == []
+            with pytest.raises(RequestError) as info:
+                await other.attach(session.id or "")
+            assert info.value.code == "no_such_session"
+        assert [s.session for s in await conn.list_sessions()] == [session.id]
+        again = await conn.attach(session.id or "")
+        await again.cancel()
+
+
+async def test_a_plain_session_is_still_cancelled_when_its_connection_ends(
+        address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sleep", "30"], pty=False)
+        with pytest.raises(LocalProtocolError):  # the library knows: it was not detachable
+            await session.detach()
+    assert await wait_until(lambda: processes_in_group(session.pid or 0) == [], timeout=5)
+
+
+async def test_detach_of_a_plain_session_is_refused_and_it_goes_on(address: str) -> None:
+    async with raw_peer(address) as peer:
+        await peer.send(HELLO + ctrl(1, Open(argv=[SH, "-c", "read x; echo still-$x"],
+                                             pty=False))
+                        + ctrl(1, {"type": "detach"}))
+        assert (await peer.next_control())["type"] == "welcome"
+        assert (await peer.next_control())["type"] == "opened"
+        refusal = await peer.next_control()
+        assert (refusal["type"], refusal["code"]) == ("error", "bad_request")
+        await peer.send(b"\x00\x00\x00\x00\x01\x00\x00\x00\x05here\n")  # STDIN "here\n"
+        frames = await peer.frames_until_eof()
+    assert split_output(frames, 1)[0] == b"still-here\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_200_detached_sessions_of_10_mb_each_hold_no_more_than_their_rings(
+        short_dir: Path) -> None:
+    server = start_server(short_dir, "--command", SH, "--max-sessions-per-connection", "256")
+    try:
+        baseline = rss_kib(server.pid)
+        async with connect(server.addresses[0], multiplex=True) as conn:
+            for _ in range(200):
+                session = await conn.spawn(["head", "-c", "10000000", "/dev/zero"],
+                                           pty=False, detachable=True)
+                await session.detach()  # it prints its 10 MB with nobody attached
+            sessions = await until_listed(
+                server.addresses[0], lambda s: len(s) == 200 and all(i.exit for i in s),
+                timeout=150)
+            held = rss_kib(server.pid) - baseline
+            print(f"200 detached sessions x 10 MB: server RSS {baseline} KiB before, "
+                  f"+{held} KiB after ({held / 200:.0f} KiB per session, ring 1024 KiB)")
+            assert all(i.exit == {"code": 0} for i in sessions)
+            assert held < 200 * (1024 + 128), held  # the ring plus a small constant each
+            again = await conn.attach(sessions[0].session)
+            replay = b"".join([chunk.data async for chunk in again])
+            assert replay == bytes(len(replay)) and again.dropped == 10_000_000 - len(replay)
+    finally:
+        server.stop()
