@@ -108,7 +108,8 @@ async def test_replay_then_live_with_no_gap_and_no_duplicate(address: str) -> No
         async with connect(address, multiplex=True) as conn:
             again = await conn.attach(session.id)
             assert again.pid == session.pid and again.dropped == 0
-            seen = await lines_until(again, lambda n: len(n) > len(previous) + 8)
+            wanted = len(previous) + 8
+            seen = await lines_until(again, lambda n, wanted=wanted: len(n) > wanted)
         # The ring (all of the output so far, here) comes first, then live output: one
         # consecutive count from 0, past everything the previous attachment saw.
         assert consecutive(seen) and seen[0] == 0 and seen[:len(previous)] == previous, seen
