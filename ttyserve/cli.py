@@ -8,16 +8,18 @@ import sys
 from collections.abc import Sequence
 
 from . import config
-from .addresses import default_address, parse_address
+from .addresses import Address, default_address, parse_address
 from .credentials import read_token
 from .errors import AddressError, ConfigError, UsageError
 from .exitcodes import ExecExit, ServeExit
+from .terminal import DEFAULT_DETACH_KEY, parse_key
 from .version import __version__
 
 DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients
-(serve), run a command on such a server as if it ran here (exec), or list the
-sessions a server recorded (sessions). `ttyserve COMMAND --help` for details."""
+(serve), run a command on such a server as if it ran here (exec), reattach to a
+session that outlived its client (attach), or list sessions (sessions).
+`ttyserve COMMAND --help` for details."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,12 +63,10 @@ def build_parser() -> _Parser:
 
     run = commands.add_parser("exec", help="run a command on a server")
     run.usage_exit = ExecExit.FAILURE
-    run.add_argument("--connect", metavar="ADDR",
-                     help="server address (default: $TTYSERVE_CONNECT, else the user's socket)")
-    run.add_argument("--token-file", metavar="FILE",
-                     help="file (mode 600) holding the server's token (default: $TTYSERVE_TOKEN)")
-    run.add_argument("--tls-ca", metavar="FILE",
-                     help="CA certificates that sign the server's (default: the system's)")
+    _client_arguments(run)
+    run.add_argument("--detachable", action="store_true",
+                     help="the session outlives this client: detach with the detach key, "
+                          "or by losing the connection; reattach with `ttyserve attach ID`")
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("-t", dest="pty", action="store_const", const=True, help="force a PTY")
     mode.add_argument("-T", dest="pty", action="store_const", const=False, help="force pipes")
@@ -81,13 +81,70 @@ def build_parser() -> _Parser:
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARGV",
                      help="the command and its arguments (default: the server's command)")
 
-    sessions = commands.add_parser("sessions", help="list recent sessions from a journal")
+    attach = commands.add_parser("attach", help="reattach to a detachable session")
+    attach.usage_exit = ExecExit.FAILURE
+    _client_arguments(attach)
+    attach.add_argument("--steal", action="store_true",
+                        help="take the session over from the client attached to it")
+    attach.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
+    attach.add_argument("session", metavar="ID", help="the session's id (exec and sessions "
+                        "--live show it)")
+
+    sessions = commands.add_parser(
+        "sessions", help="list recent sessions from a journal, or a server's live ones")
+    sessions.add_argument("--live", action="store_true",
+                          help="the server's detachable sessions for the caller, running, "
+                               "detached or ended (instead of a journal's records)")
+    sessions.add_argument("--connect", metavar="ADDR",
+                          help="with --live: server address (default: $TTYSERVE_CONNECT, else "
+                               "the user's socket)")
+    sessions.add_argument("--token-file", metavar="FILE",
+                          help="with --live: file (mode 600) holding the server's token")
+    sessions.add_argument("--tls-ca", metavar="FILE",
+                          help="with --live: CA certificates that sign the server's")
     sessions.add_argument("--journal", metavar="FILE",
                           help="journal file (default: $TTYSERVE_JOURNAL)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     sessions.add_argument("--limit", type=_non_negative, default=50, metavar="N",
                           help="most recent N sessions (default 50; 0 for all)")
     return parser
+
+
+def _client_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every command that connects takes: where, the token, the CA, the detach key."""
+    parser.add_argument("--connect", metavar="ADDR",
+                        help="server address (default: $TTYSERVE_CONNECT, else the user's "
+                             "socket)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="file (mode 600) holding the server's token (default: "
+                             "$TTYSERVE_TOKEN)")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="CA certificates that sign the server's (default: the system's)")
+    if parser.prog.endswith(("exec", "attach")):
+        parser.add_argument("--detach-key", metavar="KEYS", type=_detach_key,
+                            default=_detach_key(DEFAULT_DETACH_KEY),
+                            help="keys that detach a detachable session at a terminal, in "
+                                 "caret notation (default ^\\d: Ctrl-\\ then d; none: never)")
+
+
+def _detach_key(text: str) -> bytes | None:
+    if text == "none":
+        return None
+    try:
+        return parse_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _connection(args: argparse.Namespace, command: str) -> tuple[Address, str | None] | None:
+    """The address and token a client command was given; None (said on stderr) if unusable."""
+    connect = args.connect or os.environ.get("TTYSERVE_CONNECT")
+    try:
+        address = parse_address(connect) if connect else default_address()
+        return address, read_token(args.token_file)
+    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
+        sys.stderr.write(f"ttyserve {command}: {exc}\n")
+        return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -107,21 +164,36 @@ def _serve(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     from .exec_cmd import ExecOptions, exec_main
 
-    connect = args.connect or os.environ.get("TTYSERVE_CONNECT")
-    try:
-        address = parse_address(connect) if connect else default_address()
-        token = read_token(args.token_file)
-    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
-        sys.stderr.write(f"ttyserve exec: {exc}\n")
+    reached = _connection(args, "exec")
+    if reached is None:
         return ExecExit.FAILURE
+    address, token = reached
     remote = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     return exec_main(ExecOptions(address, remote, args.pty, dict(args.env), args.cwd,
-                                 args.retries, args.json, token, args.tls_ca))
+                                 args.retries, args.json, token, args.tls_ca,
+                                 detachable=args.detachable, detach_key=args.detach_key))
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from .exec_cmd import ExecOptions, exec_main
+
+    reached = _connection(args, "attach")
+    if reached is None:
+        return ExecExit.FAILURE
+    address, token = reached
+    return exec_main(ExecOptions(address, [], json=args.json, token=token, tls_ca=args.tls_ca,
+                                 detach_key=args.detach_key, attach=args.session,
+                                 steal=args.steal))
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    from .sessions_cmd import sessions_main
+    from .sessions_cmd import live_main, sessions_main
 
+    if args.live:
+        reached = _connection(args, "sessions")
+        if reached is None:
+            return ExecExit.FAILURE
+        return live_main(reached[0], reached[1], args.tls_ca, args.json)
     path = args.journal or os.environ.get("TTYSERVE_JOURNAL")
     if not path:
         sys.stderr.write("ttyserve sessions: no journal: give --journal FILE or set "
@@ -143,5 +215,5 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
-    handlers = {"serve": _serve, "exec": _exec, "sessions": _sessions}
+    handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions}
     sys.exit(handlers[args.subcommand](args))

@@ -1,8 +1,9 @@
-"""`ttyserve exec`: run one remote command as if it ran here.
+"""`ttyserve exec` and `ttyserve attach`: one remote session as if it ran here.
 
 Output goes to our stdout and stderr byte for byte, the exit code follows
 the contract's table, signals sent to us are forwarded, and a local terminal
-in raw mode is restored on every way out.
+in raw mode is restored on every way out. A detachable session (`exec
+--detachable`, and any `attach`) can be left running with the detach key.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ from . import terminal
 from .addresses import Address
 from .client import Session, connect
 from .credentials import tls_context
-from .errors import ConfigError, ConnectionLost, ErrorCode, RemoteProtocolError, RequestError
+from .errors import (
+    ConfigError,
+    ConnectionLost,
+    ErrorCode,
+    RemoteProtocolError,
+    RequestError,
+    SessionDetached,
+)
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .protocol.messages import DEFAULT_TERM, Error, Exit, SignalName, error_message
+from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
 BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
@@ -54,6 +63,10 @@ class ExecOptions:
     json: bool = False
     token: str | None = None
     tls_ca: str | None = None
+    detachable: bool = False
+    detach_key: bytes | None = None  # typed at a terminal in raw mode: detach (None: never)
+    attach: str | None = None  # `ttyserve attach ID`: take over this session, start nothing
+    steal: bool = False
 
 
 class ExecFailure(Exception):
@@ -68,6 +81,21 @@ class ExecFailure(Exception):
 def _say(message: str) -> None:
     sys.stderr.write(f"ttyserve exec: {message}\n")
     sys.stderr.flush()
+
+
+def _tell(message: str) -> None:
+    """A line of the contract's (contracts.md, persistent sessions), for people."""
+    sys.stderr.write(f"ttyserve: {message}\n")
+    sys.stderr.flush()
+
+
+class Detached(Exception):
+    """The session goes on without us: a detach key, or another client took it over."""
+
+    def __init__(self, session_id: str, reason: str | None) -> None:
+        super().__init__(reason)
+        self.session_id = session_id
+        self.reason = reason
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -133,10 +161,14 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
             try:
                 conn = await stack.enter_async_context(
                     connect(options.address, token=options.token, tls=tls))
-                session = await conn.spawn(
-                    options.argv, pty=pty, rows=size[0], cols=size[1],
-                    term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
-                    env=options.env, cwd=options.cwd)
+                if options.attach is not None:
+                    session = await conn.attach(options.attach, steal=options.steal,
+                                                rows=size[0], cols=size[1])
+                else:
+                    session = await conn.spawn(
+                        options.argv, pty=pty, rows=size[0], cols=size[1],
+                        term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
+                        env=options.env, cwd=options.cwd, detachable=options.detachable)
             except (OSError, RequestError, ConnectionLost) as exc:
                 retriable, hint = _retriable(exc)
                 if not retriable or attempt == options.retries:
@@ -153,7 +185,11 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                     raise ExecFailure(code, f"{signal.Signals(signum).name} while waiting to "
                                             "retry: nothing was started") from exc
                 continue
-            out.event("opened", pid=session.pid)
+            if session.id is not None:
+                out.event("opened", pid=session.pid, session=session.id)
+                _tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
+            else:
+                out.event("opened", pid=session.pid)
             yield session
             return
 
@@ -193,8 +229,9 @@ async def _quietly(work: Awaitable[None]) -> None:
         pass
 
 
-async def _pump_stdin(session: Session, pty: bool) -> None:
-    """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin)."""
+async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> None:
+    """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin).
+    With ``detach``, typing its sequence detaches the session instead."""
     try:
         pollable = not stat.S_ISREG(os.fstat(0).st_mode)
     except OSError:
@@ -216,11 +253,19 @@ async def _pump_stdin(session: Session, pty: bool) -> None:
             if not (pty and os.isatty(0)):
                 await session.eof()
             return
+        if detach is not None:
+            data, detaching = detach.feed(data)
+            if data:
+                await session.send(data)
+            if detaching:
+                await session.detach()
+                return
+            continue
         await session.send(data)
 
 
 async def _stream(session: Session, out: Output, pty: bool, raw: bool,
-                  signals: AsyncIterator[int]) -> int:
+                  signals: AsyncIterator[int], detach: DetachKey | None = None) -> int:
     abort: ExecFailure | None = None
 
     async def forward_signals(scope: anyio.CancelScope) -> None:
@@ -240,7 +285,8 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
     lost: ConnectionLost | RemoteProtocolError | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
-        tg.start_soon(_quietly, _pump_stdin(session, pty))
+        tg.start_soon(_quietly, _pump_stdin(session, pty, detach))
+        detached: SessionDetached | None = None
         try:
             async for chunk in session:
                 try:
@@ -251,7 +297,14 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                     break
         except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc
+        except SessionDetached as exc:
+            detached = exc
         tg.cancel_scope.cancel()
+    if detached is not None:
+        assert session.id is not None
+        out.event("detached", session=session.id, **(
+            {"reason": detached.reason} if detached.reason else {}))
+        raise Detached(session.id, detached.reason)
     if lost is not None:
         raise lost
     if abort is not None:
@@ -265,14 +318,24 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
 async def _exec(options: ExecOptions) -> int:
     stdin_tty = os.isatty(0)
     pty = options.pty if options.pty is not None else stdin_tty
-    raw = pty and stdin_tty and not options.json
     out = Output(options.json)
     size = terminal.window_size(0 if stdin_tty else 1)
+    session_id = options.attach
     with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
         try:
             async with _open_session(options, pty, size, out, signals) as session:
+                session_id = session.id
+                pty = session.pty if session.pty is not None else pty
+                raw = pty and stdin_tty and not options.json
+                detach = (DetachKey(options.detach_key) if raw and session.id is not None
+                          and options.detach_key else None)
                 with terminal.raw_mode(0) if raw else contextlib.nullcontext():
-                    return await _stream(session, out, pty, raw, signals)
+                    return await _stream(session, out, pty, raw, signals, detach)
+        except Detached as exc:  # told once the terminal is back to normal
+            how = "taken over by another client" if exc.reason == "stolen" else "detached"
+            _tell(f"session {exc.session_id} {how} (reattach: ttyserve attach "
+                  f"{exc.session_id})")
+            return 0
         except ExecFailure as exc:
             _say(str(exc))
             if options.json:
@@ -280,7 +343,11 @@ async def _exec(options: ExecOptions) -> int:
                 out.event("error", **members)
             return exc.code
         except (ConnectionLost, RemoteProtocolError) as exc:
-            _say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
+            if session_id is not None:
+                _say(f"{exc}; the session goes on: ttyserve attach {session_id}")
+            else:
+                _say(f"{exc}; the exit status is unknown (the command may have run: not "
+                     "retried)")
             return ExecExit.FAILURE
     raise AssertionError("unreachable")
 

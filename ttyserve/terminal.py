@@ -29,3 +29,54 @@ def raw_mode(fd: int) -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+DEFAULT_DETACH_KEY = "^\\d"  # Ctrl-\ then d, as abduco
+
+
+def parse_key(text: str) -> bytes:
+    """Keys in caret notation as bytes: `^\\d` is Ctrl-\\ then d, `^?` is DEL; raises
+    ValueError naming what is wrong."""
+    keys = bytearray()
+    chars = iter(text)
+    for char in chars:
+        if char != "^":
+            keys += char.encode()
+            continue
+        control = next(chars, None)
+        if control is None:
+            raise ValueError(f"{text!r} ends with ^ and no key after it")
+        if control == "?":
+            keys.append(0x7F)
+        elif "@" <= control.upper() <= "_":
+            keys.append(ord(control.upper()) ^ 0x40)
+        else:
+            raise ValueError(f"^{control} in {text!r} is not a control key")
+    if not keys:
+        raise ValueError("an empty detach key")
+    return bytes(keys)
+
+
+class DetachKey:
+    """Finds the detach sequence in what is typed; everything else passes through unchanged.
+
+    A key that begins the sequence is held back until the next one says whether the
+    sequence goes on; if it does not, the held keys are sent as typed.
+    """
+
+    def __init__(self, sequence: bytes) -> None:
+        self.sequence = sequence
+        self._held = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        """(what to send on, whether the sequence was typed: then the rest is dropped)."""
+        data = self._held + data
+        self._held = b""
+        found = data.find(self.sequence)
+        if found >= 0:
+            return data[:found], True
+        for size in range(min(len(self.sequence) - 1, len(data)), 0, -1):
+            if data.endswith(self.sequence[:size]):
+                self._held = data[-size:]
+                return data[:-size], False
+        return data, False

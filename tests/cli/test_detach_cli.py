@@ -1,0 +1,106 @@
+"""Detachable sessions at the command line, in a real terminal (tmux): `exec --detachable`,
+the detach key, `sessions --live`, and `attach` with its scrollback and exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from helpers import ServerProcess, ttyserve_command
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(shutil.which("tmux") is None,
+                                 reason="tmux is not installed: apt-get install tmux")]
+
+
+class Tmux:
+    """A tmux server of our own (its own socket), with windows that run shell lines."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.name, *args], check=True, text=True,
+                              capture_output=True, timeout=10).stdout
+
+    def start(self, window: str, line: str) -> None:
+        """A window whose shell runs ``line``, then says its status and the terminal's mode."""
+        command = f"{line}; echo rc=$?; stty -a | tr ' ' '\\n' | grep -x -e icanon -e echo"
+        args = ["new-window", "-d", "-n", window] if self._has_session() else [
+            "new-session", "-d", "-s", "t", "-n", window, "-x", "120", "-y", "40"]
+        self.run(*args, "sh", "-c", f"{command}; sleep 600")
+
+    def _has_session(self) -> bool:
+        return subprocess.run(["tmux", "-L", self.name, "has-session", "-t", "t"],
+                              capture_output=True).returncode == 0
+
+    def keys(self, window: str, *keys: str) -> None:
+        self.run("send-keys", "-t", f"t:{window}", *keys)
+
+    def screen(self, window: str) -> str:
+        return self.run("capture-pane", "-p", "-J", "-S", "-200", "-t", f"t:{window}")
+
+    def expect(self, window: str, pattern: str, timeout: float = 15) -> re.Match[str]:
+        """Poll the window's screen (tmux has no event for it) until ``pattern`` is on it."""
+        deadline = time.monotonic() + timeout
+        while not (match := re.search(pattern, self.screen(window))):
+            assert time.monotonic() < deadline, f"{pattern!r} not on screen:\n{self.screen(window)}"
+            time.sleep(0.05)
+        return match
+
+    def kill(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True,
+                           timeout=10)
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    session = Tmux(f"ttyserve-test-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        yield session
+    finally:
+        session.kill()
+
+
+def command(*args: str) -> str:
+    return shlex.join(ttyserve_command(*args))
+
+
+def test_detach_list_and_attach_at_a_terminal(server_process: ServerProcess, tmux: Tmux) -> None:
+    address = server_process.addresses[0]
+    tmux.start("exec", command("exec", "--connect", address, "--detachable", "-t",
+                               "--env", "PS1=remote$ ", "--", "sh"))
+    session_id = tmux.expect("exec", r"ttyserve: session (\S+) \(reattach: ttyserve attach "
+                             r"\1\)").group(1)
+    tmux.expect("exec", r"remote\$ ")
+    tmux.keys("exec", "echo typed-$((6*7))", "Enter")
+    tmux.expect("exec", r"\ntyped-42")
+    tmux.keys("exec", "C-\\")
+    tmux.keys("exec", "d")  # the detach key: Ctrl-\ then d
+    tmux.expect("exec", rf"ttyserve: session {session_id} detached")
+    tmux.expect("exec", r"rc=0\nicanon\necho")  # exit 0, the terminal back to normal
+
+    listed = subprocess.run(ttyserve_command("sessions", "--live", "--connect", address,
+                                             "--json"), capture_output=True, timeout=20)
+    assert listed.returncode == 0, listed.stderr
+    (info,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (info["session"], info["attached"], info["pty"]) == (session_id, False, True)
+    table = subprocess.run(ttyserve_command("sessions", "--live", "--connect", address),
+                           capture_output=True, text=True, timeout=20).stdout
+    assert re.search(rf"{session_id}\s+\d+\s+yes\s+\S+\s+detached\s+sh", table), table
+
+    tmux.start("attach", command("attach", "--connect", address, session_id))
+    tmux.expect("attach", r"typed-42")  # the scrollback first
+    tmux.keys("attach", "echo again-$((1+1))", "Enter")
+    tmux.expect("attach", r"\nagain-2")  # then live, and interactive
+    tmux.keys("attach", "exit 5", "Enter")
+    tmux.expect("attach", r"rc=5\nicanon\necho")  # the remote status, the terminal restored
