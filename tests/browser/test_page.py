@@ -33,6 +33,7 @@ CTRL = 2  # the DevTools modifier bit
 
 @contextlib.asynccontextmanager
 async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
+               expected_errors: str | None = None,
                ) -> AsyncIterator[tuple[Browser, ServerProcess]]:
     """A server with a `ws:` listener, and a browser on its page (the printed URL)."""
     server = start_server(short_dir, "--command", SH, *args, listen=["ws:127.0.0.1:0"],
@@ -46,7 +47,9 @@ async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
             loaded = await browser.resources()
             assert any(url.endswith("/static/vendor/xterm.mjs") for url in loaded), loaded
             assert [url for url in loaded if not url.startswith(origin + "/")] == []
-            assert browser.console_errors == [], browser.console_errors
+            errors = [e for e in browser.console_errors
+                      if expected_errors is None or not re.search(expected_errors, e)]
+            assert errors == [], browser.console_errors
     finally:
         groups = children_of(server.pid)
         server.stop(signal.SIGKILL) if server.proc.poll() is None else None
@@ -157,13 +160,47 @@ async def test_a_signal_death_names_the_signal(short_dir: Path) -> None:
         await screen_has(browser, r"\[killed by signal KILL\]")
 
 
-async def test_a_killed_server_shows_connection_lost(short_dir: Path) -> None:
-    async with page(short_dir) as (browser, server):
+async def test_a_killed_server_shows_connection_lost_once_reattaching_fails(
+        short_dir: Path) -> None:
+    # The page's tries to reach the dead server are the browser's own console errors.
+    async with page(short_dir, expected_errors=r"WebSocket connection to .* failed") as (
+            browser, server):
         await run_line(browser, "echo alive")
         await screen_has(browser, r"(?m)^alive$")
         groups = children_of(server.pid)
         server.stop(signal.SIGKILL)
         for group in groups:
             kill_group(group)
-        await browser.wait_for("document.body.dataset.session === 'lost'")
+        await browser.wait_for("document.title.endsWith('reconnecting')", timeout=5)
+        await browser.wait_for("document.body.dataset.session === 'lost'", timeout=20)
         await screen_has(browser, r"\[connection lost\]")
+
+
+async def test_a_reload_keeps_the_same_shell_and_shows_its_scrollback(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, _):
+        await run_line(browser, "echo marker; echo pid=$$")
+        before = (await screen_has(browser, r"(?m)^pid=(\d+)$"))
+        pid = re.search(r"(?m)^pid=(\d+)$", before).group(1)  # type: ignore[union-attr]
+        await browser.send("Page.reload")
+        await browser.wait_for("document.readyState === 'complete'")
+        await browser.wait_for("document.body.dataset.session === 'running'")
+        await screen_has(browser, r"(?m)^marker$")  # the scrollback, replayed
+        await run_line(browser, "echo again-pid=$$")
+        after = await screen_has(browser, r"(?m)^again-pid=(\d+)$")
+        assert f"again-pid={pid}" in after, after  # the same shell: the same $$
+
+
+async def test_a_dropped_connection_reattaches_with_no_reload(short_dir: Path) -> None:
+    async with page(short_dir) as (browser, server):
+        await run_line(browser, "echo before-drop")
+        await screen_has(browser, r"(?m)^before-drop$")
+        session = await browser.evaluate("ttyserve.session.id")
+        await browser.evaluate("window.dropped = ttyserve.connection;"
+                               " dropped.socket.close(); true")  # as when the network drops
+        await browser.wait_for(f"ttyserve.connection !== window.dropped && "
+                               f"ttyserve.session.id === {session!r} && "
+                               "ttyserve.session.pid !== null && "
+                               "document.title.endsWith('running')", timeout=15)
+        await run_line(browser, "echo after-drop")
+        text = await screen_has(browser, r"(?m)^after-drop$")
+        assert "before-drop" in text  # the scrollback came back with it

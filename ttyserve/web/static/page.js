@@ -1,12 +1,16 @@
-// The built-in terminal page (protocol section 8): xterm.js on one PTY session.
-// It opens the server's default command (never one from the URL), sized to the window;
-// keys go to the session only through term.onData and term.onBinary; output credit goes
-// back from term.write's callback, so a flood never outruns the rendering.
+// The built-in terminal page (protocol sections 8 and 9): xterm.js on one PTY session.
+// It opens the server's default command (never one from the URL), sized to the window, as a
+// detachable session whose id it keeps in sessionStorage: a reload of the tab, or a dropped
+// connection, reattaches to the same shell (with backoff) and shows its scrollback. Keys go to
+// the session only through term.onData and term.onBinary; output credit goes back from
+// term.write's callback, so a flood never outruns the rendering.
 import { Terminal } from "./vendor/xterm.mjs";
 import { FitAddon } from "./vendor/addon-fit.mjs";
 import { Connection } from "./ttyserve.js";
 
 const WINDOW = 256 * 1024; // output in flight: what xterm.js may still have to render
+const RETRIES = [250, 500, 1000, 2000, 4000]; // ms before each reattach try
+const STORED = "ttyserve.session"; // sessionStorage: this tab's session, across reloads
 const encoder = new TextEncoder();
 const body = document.body;
 
@@ -20,12 +24,10 @@ term.focus();
 
 const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? undefined;
 const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-const connection = new Connection(`${scheme}//${location.host}/ws`,
-  { token, window: WINDOW, client: "ttyserve-page" });
-const session = connection.open({ pty: true, rows: term.rows, cols: term.cols,
-  term: "xterm-256color" });
+const url = `${scheme}//${location.host}/ws`;
 let command = "ttyserve";
-window.ttyserve = { connection, session }; // for embedders and tests, beside window.term
+let session = null; // the live one; keys and resizes go to it
+window.ttyserve = { connection: null, session: null }; // for embedders and tests
 
 function show(state) {
   document.title = `${command} — ${state}`;
@@ -36,37 +38,88 @@ function finish(line, attributes) {
   term.write(`\r\n${line}\r\n`, () => Object.assign(body.dataset, attributes));
 }
 
-show("connecting");
-session.addEventListener("opened", (event) => {
-  if (event.detail.argv) command = event.detail.argv.join(" ");
-  body.dataset.session = "running";
-  show("running");
-});
-session.addEventListener("output", (event) => {
-  const data = event.detail.data;
-  term.write(data, () => session.consumed(data.length));
-});
-session.addEventListener("exit", (event) => {
-  const exit = event.detail;
-  const attributes = { session: "ended", exitCode: String(exit.code) };
-  if (exit.signal) attributes.signal = exit.signal;
-  finish(exit.signal ? `[killed by signal ${exit.signal}]` : `[exited: code ${exit.code}]`,
-    attributes);
-  show(exit.signal ? `killed by ${exit.signal}` : `exited ${exit.code}`);
-});
-session.addEventListener("refused", (event) => {
-  finish(`[refused: ${event.detail.code}: ${event.detail.message}]`, { session: "refused" });
-  show("refused");
-});
-session.addEventListener("lost", () => {
-  finish("[connection lost]", { session: "lost" });
-  show("connection lost");
-});
-connection.addEventListener("error", (event) => {
-  term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
-});
+/** One connection carrying our session, opened anew or attached to; resolves to how it
+ * ended: "exit", "refused", "gone" (no such session) or "lost" (the connection dropped). */
+function connect(stored) {
+  return new Promise((resolve) => {
+    const connection = new Connection(url, { token, window: WINDOW, client: "ttyserve-page" });
+    const size = { rows: term.rows, cols: term.cols };
+    const current = stored
+      ? connection.attach(stored, { ...size, steal: true }) // our own tab: take it back
+      : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true });
+    window.ttyserve = { connection, session: current };
+    const started = (event) => {
+      session = current;
+      if (event.detail.argv) command = event.detail.argv.join(" ");
+      if (current.id) sessionStorage.setItem(STORED, current.id);
+      body.dataset.session = "running";
+      show("running");
+    };
+    current.addEventListener("opened", started);
+    current.addEventListener("attached", (event) => {
+      term.reset(); // the scrollback that follows is the screen again
+      started(event);
+    });
+    current.addEventListener("output", (event) => {
+      const data = event.detail.data;
+      term.write(data, () => current.consumed(data.length));
+    });
+    current.addEventListener("exit", (event) => {
+      const exit = event.detail;
+      sessionStorage.removeItem(STORED);
+      const attributes = { session: "ended", exitCode: String(exit.code) };
+      if (exit.signal) attributes.signal = exit.signal;
+      finish(exit.signal ? `[killed by signal ${exit.signal}]` : `[exited: code ${exit.code}]`,
+        attributes);
+      show(exit.signal ? `killed by ${exit.signal}` : `exited ${exit.code}`);
+      connection.close();
+      resolve("exit");
+    });
+    current.addEventListener("refused", (event) => {
+      if (stored && event.detail.code === "no_such_session") {
+        sessionStorage.removeItem(STORED);
+        resolve("gone");
+      } else {
+        finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
+          { session: "refused" });
+        show("refused");
+        resolve("refused");
+      }
+      connection.close();
+    });
+    current.addEventListener("detached", (event) => {
+      finish(`[detached${event.detail.reason ? ": " + event.detail.reason : ""}]`,
+        { session: "detached" });
+      show("detached");
+      resolve("detached");
+    });
+    current.addEventListener("lost", () => resolve("lost"));
+    connection.addEventListener("error", (event) => {
+      term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
+    });
+  });
+}
 
-term.onData((data) => session.send(encoder.encode(data)));
-term.onBinary((data) => session.send(Uint8Array.from(data, (c) => c.charCodeAt(0))));
-term.onResize(({ rows, cols }) => session.resize(rows, cols));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function run() {
+  show("connecting");
+  let ended = await connect(sessionStorage.getItem(STORED));
+  if (ended === "gone") ended = await connect(null); // it ended, or expired: a new one
+  for (let tries = 0; ended === "lost" && sessionStorage.getItem(STORED) &&
+    tries < RETRIES.length; tries++) {
+    show("reconnecting");
+    await sleep(RETRIES[tries]);
+    ended = await connect(sessionStorage.getItem(STORED));
+  }
+  if (ended === "lost" || ended === "gone") {
+    finish("[connection lost]", { session: "lost" });
+    show("connection lost");
+  }
+}
+
+term.onData((data) => session?.send(encoder.encode(data)));
+term.onBinary((data) => session?.send(Uint8Array.from(data, (c) => c.charCodeAt(0))));
+term.onResize(({ rows, cols }) => session?.resize(rows, cols));
 new ResizeObserver(() => fit.fit()).observe(document.getElementById("terminal"));
+run();

@@ -9,9 +9,10 @@
 //   session.send(new TextEncoder().encode("ls\r"));
 //
 // Events: Connection "welcome", "error" (an error on channel 0), "close"; Session "opened"
-// ({pid, argv}), "output" ({stream, data: Uint8Array}), "exit" (the exit message), "refused"
-// (the error that refused the open), "error" (a refused control message), "lost" (the
-// connection ended before the exit). With `window`, output credit is granted back by
+// ({pid, argv, session}), "attached" ({session, pid, pty, dropped}), "output" ({stream,
+// data: Uint8Array}), "exit" (the exit message), "detached" (the session goes on without
+// this channel: {reason}), "refused" (the error that refused the open or attach), "error" (a
+// refused control message), "lost" (the connection ended before the exit). With `window`, output credit is granted back by
 // `consumed(n)` once the frontend has rendered n bytes, and stdin waits for the server's credit.
 
 export const SUBPROTOCOL = "ttyserve.v1";
@@ -82,11 +83,9 @@ export class Connection extends EventTarget {
     return this.welcome?.max_frame ?? DEFAULT_MAX_FRAME;
   }
 
-  /** Open a session (pipelined: no need to wait for `welcome`). */
-  open({ argv, pty = true, rows, cols, term, env, cwd } = {}) {
-    const channel = this._nextChannel++;
-    const session = new Session(this, channel);
-    this.sessions.set(channel, session);
+  /** Open a session (pipelined: no need to wait for `welcome`). A `detachable` one
+   * outlives the connection: its "opened" event carries the id to `attach` with. */
+  open({ argv, pty = true, rows, cols, term, env, cwd, detachable = false } = {}) {
     const request = { type: "open", pty };
     if (argv) request.argv = argv;
     if (rows) request.rows = rows;
@@ -94,6 +93,24 @@ export class Connection extends EventTarget {
     if (term) request.term = term;
     if (env) request.env = env;
     if (cwd) request.cwd = cwd;
+    if (detachable) request.detachable = true;
+    return this._begin(request);
+  }
+
+  /** Take over a detachable session: "attached", its scrollback as output, then live output,
+   * then its exit. Refused ("refused") with no_such_session, or session_in_use unless `steal`. */
+  attach(session, { rows, cols, steal = false } = {}) {
+    const request = { type: "attach", session };
+    if (rows) request.rows = rows;
+    if (cols) request.cols = cols;
+    if (steal) request.steal = true;
+    return this._begin(request);
+  }
+
+  _begin(request) {
+    const channel = this._nextChannel++;
+    const session = new Session(this, channel);
+    this.sessions.set(channel, session);
     this._control(channel, request);
     return session;
   }
@@ -177,6 +194,7 @@ export class Session extends EventTarget {
     this.channel = channel;
     this.pid = null;
     this.argv = null;
+    this.id = null; // a detachable session's id
     this.ended = false;
     this.bytesReceived = 0; // output received, and output the frontend said it took:
     this.bytesConsumed = 0; // with a window, the difference never exceeds it
@@ -210,6 +228,11 @@ export class Session extends EventTarget {
   cancel() {
     this._controlIn({ type: "cancel" });
     this._end();
+  }
+
+  /** Leave a detachable session running; "detached" follows. */
+  detach() {
+    this._controlIn({ type: "detach" });
   }
 
   /** The frontend has taken (rendered) `size` bytes of output: credit goes back at half. */
@@ -253,11 +276,15 @@ export class Session extends EventTarget {
   }
 
   _control(message) {
-    if (message.type === "opened") {
+    if (message.type === "opened" || message.type === "attached") {
       this._opened = true;
       this.pid = message.pid;
-      this.argv = message.argv ?? null;
-      this.dispatchEvent(new CustomEvent("opened", { detail: message }));
+      this.argv = message.argv ?? this.argv;
+      this.id = message.session ?? null;
+      this.dispatchEvent(new CustomEvent(message.type, { detail: message }));
+    } else if (message.type === "detached") {
+      this._end();
+      this.dispatchEvent(new CustomEvent("detached", { detail: message }));
     } else if (message.type === "window") {
       this._credit += message.bytes;
       this._flush();
