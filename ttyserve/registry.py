@@ -23,6 +23,7 @@ from .backends.base import Backend, ProcessSpec
 from .errors import ErrorCode, RequestError
 from .journal import Journal, Reason
 from .protocol.messages import Exit, Open, SessionInfo
+from .recording import finish_recording, start_recording
 from .session import Session
 from .settings import ServerSettings
 
@@ -119,6 +120,9 @@ class SessionRegistry:
         session = Session(session_id, process, spec, peer, settings.linger, owner,
                           settings.scrollback if request.detachable else None)
         session.on_delivered = lambda: self._forget(session)
+        if settings.record_dir is not None and self._task_group is not None:
+            start_recording(session, settings.record_dir, settings.record_input,
+                            self._task_group)
         self.sessions[session_id] = session
         return session
 
@@ -192,6 +196,7 @@ class SessionRegistry:
             session.close_input()
             if session.sink is not None:
                 session.sink.ended()
+            await finish_recording(session)  # its exit, then the file closed: never raises
             if recorded:
                 await self._record(lambda journal: self._journal_end(journal, session, status))
             if session.pending_exit is None:  # else kept for the next attach, in bounded memory

@@ -68,9 +68,12 @@ class OutputSink(Protocol):
 
 
 class OutputObserver(Protocol):
-    """Sees every output chunk and the end, whether a client is attached or not."""
+    """Sees every output chunk, input chunk and resize, and the end, whether a client is
+    attached or not."""
 
     def output(self, kind: FrameKind, data: bytes) -> None: ...
+
+    def typed(self, data: bytes) -> None: ...
 
     def resized(self, rows: int, cols: int) -> None: ...
 
@@ -164,6 +167,8 @@ class Session:
         STDIN_LIMIT is queued; with windows the client's credit bounds the queue.
         """
         self.bytes_in += len(data)
+        for observer in self.observers:
+            observer.typed(data)
         if self._stdin_broken:
             self._consumed(len(data))  # dropped input is granted back all the same
             return

@@ -191,7 +191,7 @@ async def test_a_reload_keeps_the_same_shell_and_shows_its_scrollback(short_dir:
 
 
 async def test_a_dropped_connection_reattaches_with_no_reload(short_dir: Path) -> None:
-    async with page(short_dir) as (browser, server):
+    async with page(short_dir) as (browser, _):
         await run_line(browser, "echo before-drop")
         await screen_has(browser, r"(?m)^before-drop$")
         session = await browser.evaluate("ttyserve.session.id")
