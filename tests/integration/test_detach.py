@@ -303,3 +303,15 @@ async def test_200_detached_sessions_of_10_mb_each_hold_no_more_than_their_rings
             assert replay == bytes(len(replay)) and again.dropped == 10_000_000 - len(replay)
     finally:
         server.stop()
+
+
+async def test_a_graceful_shutdown_hangs_up_detached_sessions_and_records_them(
+        server: ServerProcess, address: str, short_dir: Path) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sleep", "30"], pty=True, detachable=True)
+        await session.detach()
+    assert server.stop() == 0  # drained: the detached session was hung up, not waited for
+    ends = [r for r in read_file(str(short_dir / "j.jsonl")).records
+            if isinstance(r, SessionEnd) and r.id == session.id]
+    assert [(e.reason, e.code, e.signal) for e in ends] == [("shutdown", -1, "HUP")]
+    assert processes_in_group(session.pid or 0) == []
