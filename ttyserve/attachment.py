@@ -36,6 +36,11 @@ class Carrier(Protocol):
         """Hand it over, then wait while the connection's send queue is full."""
         ...
 
+    @property
+    def has_room(self) -> bool:
+        """Whether the connection's send queue has room (`flush` would not wait)."""
+        ...
+
     def detach(self, attachment: Attachment) -> None:
         """The attachment no longer carries its session: forget it."""
         ...
@@ -55,6 +60,7 @@ class Attachment:
         self.live = replay is None  # output goes out as it comes (after any replay)
         self.released = False
         self._wake: anyio.Event | None = None  # made only when someone has to wait
+        self._waiting_room: anyio.CancelScope | None = None
 
     # --- the session's sink ----------------------------------------------------
 
@@ -70,7 +76,11 @@ class Attachment:
 
     async def send_output(self, kind: FrameKind, data: bytes) -> None:
         if self.core.send_output(self.channel, kind, data):
-            await self.carrier.flush()
+            self.carrier.flush_nowait()
+            if not self.carrier.has_room:  # a slow client: wait, unless the session leaves us
+                with anyio.CancelScope() as self._waiting_room:
+                    await self.carrier.flush()
+                self._waiting_room = None
 
     async def send_exit(self, status: Exit) -> bool:
         while not self.live and not self.released:
@@ -93,18 +103,24 @@ class Attachment:
         """The session goes on without this channel: its last frame is `detached`."""
         if self.released:
             return
-        self.released = True
         if self.core.send_detached(self.channel, reason):
             self.carrier.flush_nowait()
-        self.carrier.detach(self)
-        self._notify()
+        self._let_go()
 
     def ended(self) -> None:
         # A session that ended without its exit (a server fault) still ends its channel.
-        if self.core.channels.state(self.channel) is ChannelState.OPEN:
+        if not self.released and self.core.channels.state(self.channel) is ChannelState.OPEN:
             self.core.send_exit(self.channel, LOST)
             self.carrier.flush_nowait()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Nothing more goes out here: forget us, and wake (or cut short) what waits on us."""
+        self.released = True
+        if self._waiting_room is not None:
+            self._waiting_room.cancel()  # a pump must not stay behind a client that left
         self.carrier.detach(self)
+        self._notify()
 
     # --- the connection's side ---------------------------------------------------
 
@@ -134,6 +150,7 @@ class Attachment:
         status = self.session.pending_exit
         if status is not None and await self.send_exit(status):
             self.session.exit_delivered()
+            self._let_go()
 
     def _notify(self) -> None:
         if self._wake is not None:

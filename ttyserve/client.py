@@ -129,7 +129,6 @@ class Session:
         queue = math.inf if connection.window is not None else SESSION_QUEUE
         self._send, self._receive = anyio.create_memory_object_stream[_Item](queue)
         self._cancelled = False
-        self._detaching: anyio.Event | None = None
         self._lost: Exception | None = None  # why the connection ended, once it has
         self._credit: anyio.Event | None = None  # made only when stdin has to wait
 
@@ -177,15 +176,14 @@ class Session:
         await self._control(Signal(name=name))
 
     async def detach(self) -> None:
-        """Leave a detachable session running; output that came before `detached` can still
-        be read, then the iteration ends with SessionDetached."""
+        """Ask to leave a detachable session running. Output that came before the server's
+        `detached` is still delivered; then the iteration ends with SessionDetached (or
+        normally, if the process ended first)."""
         if self.id is None:
             raise LocalProtocolError("this session is not detachable (spawn it with "
                                      "detachable=True)")
         if self.status is None and self.detached is None and not self._cancelled:
-            self._detaching = self._detaching or anyio.Event()
             await self._control(Detach())
-            await self._detaching.wait()
 
     async def cancel(self) -> None:
         """End the session now: the server kills the process group; no `exit` follows."""
@@ -264,9 +262,11 @@ class Session:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self.status is None:
+        """Leaving the block ends a session still running: a detachable one is detached
+        (it goes on), any other is cancelled."""
+        if self.status is None and self.detached is None:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await self.cancel()
+                await (self.detach() if self.id is not None else self.cancel())
 
     # --- fed by the connection's reader ---------------------------------------
 
@@ -423,8 +423,6 @@ class Connection:
             if session is not None:
                 session._credit_granted()
                 await session._deliver(Detached(reason=event.reason))
-                if session._detaching is not None:
-                    session._detaching.set()
         elif isinstance(event, SessionsReceived):
             if self._listings:
                 waiter, done = self._listings.pop(0)
@@ -458,8 +456,6 @@ class Connection:
         self._listings.clear()
         for session in self._sessions.values():
             session._credit_granted()
-            if session._detaching is not None:
-                session._detaching.set()
             if not session._opened.is_set():
                 session._open_error = self._failure
                 session._opened.set()

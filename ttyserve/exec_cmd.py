@@ -12,6 +12,7 @@ import base64
 import contextlib
 import errno
 import json
+import math
 import os
 import random
 import signal
@@ -37,10 +38,11 @@ from .errors import (
     SessionDetached,
 )
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
-from .protocol.messages import DEFAULT_TERM, Error, Exit, SignalName, error_message
+from .protocol.messages import DEFAULT_TERM, STOLEN, Error, Exit, SignalName, error_message
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
+DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
 BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
 BACKOFF_CAP = 5.0
 FORWARDED: dict[signal.Signals, SignalName] = {
@@ -239,9 +241,15 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
     while True:
         if pollable:
             try:
-                await anyio.wait_readable(0)
+                with anyio.move_on_after(DETACH_PAUSE if detach and detach.holding else
+                                         math.inf) as pause:
+                    await anyio.wait_readable(0)
             except OSError:
                 pollable = False  # e.g. /dev/null: epoll refuses it, and reads never block
+            else:
+                if pause.cancelled_caught and detach is not None:
+                    await session.send(detach.release())  # the start of the key, typed alone
+                    continue
         try:
             data = os.read(0, READ_SIZE)
         except BlockingIOError:
@@ -250,6 +258,8 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
             _say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
             data = b""
         if not data:
+            if detach is not None and detach.holding:
+                await session.send(detach.release())
             if not (pty and os.isatty(0)):
                 await session.eof()
             return
@@ -278,6 +288,8 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
             elif signum == signal.SIGINT and interrupted:
                 abort = ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
                 scope.cancel()
+            elif signum == signal.SIGHUP and session.id is not None:
+                await session.detach()  # our terminal went away: the session is to outlive it
             else:
                 interrupted = interrupted or signum == signal.SIGINT
                 await session.signal(FORWARDED[signal.Signals(signum)])
@@ -332,10 +344,10 @@ async def _exec(options: ExecOptions) -> int:
                 with terminal.raw_mode(0) if raw else contextlib.nullcontext():
                     return await _stream(session, out, pty, raw, signals, detach)
         except Detached as exc:  # told once the terminal is back to normal
-            how = "taken over by another client" if exc.reason == "stolen" else "detached"
-            _tell(f"session {exc.session_id} {how} (reattach: ttyserve attach "
-                  f"{exc.session_id})")
-            return 0
+            if exc.reason == STOLEN:
+                _say("another client took the session over")
+            _tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+            return ExecExit.DETACHED
         except ExecFailure as exc:
             _say(str(exc))
             if options.json:

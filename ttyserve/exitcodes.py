@@ -29,8 +29,10 @@ class ServeExit(enum.IntEnum):
 
 
 class ExecExit(enum.IntEnum):
-    """Exit codes of `ttyserve exec` beyond the remote status 0..125 (contracts.md)."""
+    """Exit codes of `ttyserve exec` and `attach` beyond the remote status 0..125
+    (contracts.md)."""
 
+    DETACHED = 0  # the session goes on: detached (the key, or another client stole it)
     CANNOT_EXECUTE = 126  # spawn errno EACCES or ENOEXEC
     NOT_FOUND = 127  # spawn errno ENOENT
     SIGNAL_BASE = 128  # 128 + S for a remote death by signal S

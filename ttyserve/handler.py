@@ -16,6 +16,7 @@ import anyio.abc
 from .attachment import Attachment
 from .auth import Gate, Peer
 from .errors import ErrorCode, RemoteProtocolError, RequestError
+from .journal import SessionAttach, SessionDetach
 from .outbox import Outbox
 from .protocol.messages import Attached, Eof, Sessions
 from .protocol.server import (
@@ -137,6 +138,10 @@ class ConnectionHandler:
         self.flush_nowait()
         await self.outbox.wait_for_room()
 
+    @property
+    def has_room(self) -> bool:
+        return self.outbox.has_room
+
     def detach(self, attachment: Attachment) -> None:
         if self.attachments.get(attachment.channel) is attachment:
             del self.attachments[attachment.channel]
@@ -185,7 +190,7 @@ class ConnectionHandler:
         elif isinstance(event, OpenRequested):
             await self._open(event)
         elif isinstance(event, AttachRequested):
-            self._attach(event)
+            await self._attach(event)
         elif isinstance(event, CancelRequested):
             attachment = self.attachments.pop(event.channel, None)
             if attachment is not None:
@@ -193,7 +198,8 @@ class ConnectionHandler:
         elif isinstance(event, DetachRequested):
             attachment = self.attachments.get(event.channel)
             if attachment is not None and attachment.session.detachable:
-                self._leave(attachment)
+                attachment.session.detach()
+                await self.registry.note(attachment.session, SessionDetach, str(self.peer))
             elif attachment is not None:
                 self.core.refuse(event.channel, RequestError(
                     ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
@@ -237,10 +243,12 @@ class ConnectionHandler:
             self.attachments.pop(channel, None)  # the connection closed meanwhile
             session.cancel()
 
-    def _attach(self, event: AttachRequested) -> None:
+    async def _attach(self, event: AttachRequested) -> None:
         """Take over a detachable session: `attached`, its scrollback, then live output."""
         request, channel = event.request, event.channel
         try:
+            if self.registry.closing or self._draining:
+                raise shutting_down()
             session = self.registry.find(request.session, self.principal)
             if session.sink is not None and not request.steal:
                 raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached "
@@ -259,9 +267,9 @@ class ConnectionHandler:
         attachment = Attachment(self, channel, session, replay)
         self.attachments[channel] = attachment
         session.attach(attachment)
-        self.registry.attached(session, str(self.peer))
         assert self._tasks is not None
         self._tasks.start_soon(attachment.replay)
+        await self.registry.note(session, SessionAttach, str(self.peer))
 
     def _leave(self, attachment: Attachment) -> None:
         """This connection lets go of a session: a detachable one goes on, detached; any other
@@ -269,6 +277,6 @@ class ConnectionHandler:
         session = attachment.session
         if session.detachable:
             session.detach()
-            self.registry.detached(session, str(self.peer))
+            self.registry.note_soon(session, SessionDetach, str(self.peer))
         else:
             session.cancel()

@@ -83,7 +83,6 @@ class SessionAttach(Record, tag="session.attach", kw_only=True):
 
 
 AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach
-_NOTES = {"detach": SessionDetach, "attach": SessionAttach}
 _decoder = msgspec.json.Decoder(AnyRecord)
 _encoder = msgspec.json.Encoder()
 
@@ -213,9 +212,10 @@ class Journal:
                                      signal=signal, error=error, errno=errno,
                                      bytes_in=bytes_in, bytes_out=bytes_out))
 
-    async def note(self, event: str, session_id: str, peer: str) -> None:
-        """Record a `detach` or an `attach` of ``session_id`` by ``peer``."""
-        await self.append(_NOTES[event](id=session_id, at=now_rfc3339(), peer=peer))
+    async def note(self, kind: type[SessionDetach | SessionAttach], session_id: str,
+                   peer: str) -> None:
+        """Record a detach or an attach of ``session_id`` by ``peer``."""
+        await self.append(kind(id=session_id, at=now_rfc3339(), peer=peer))
 
     def close(self) -> None:
         os.close(self.fd)

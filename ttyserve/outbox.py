@@ -71,6 +71,11 @@ class Outbox:
             self._writing = True
             self._task_group.start_soon(self._drain)
 
+    @property
+    def has_room(self) -> bool:
+        """Whether a producer may go on without waiting."""
+        return self._queued <= self.limit or self.broken
+
     async def wait_for_room(self) -> None:
         """Wait while more than `limit` bytes are queued (returns at once when broken)."""
         while self._queued > self.limit and not self.broken:

@@ -21,7 +21,7 @@ import msgspec
 
 from .backends.base import Backend, ProcessSpec
 from .errors import ErrorCode, RequestError
-from .journal import Journal, Reason
+from .journal import Journal, Reason, SessionAttach, SessionDetach
 from .protocol.messages import Exit, Open, SessionInfo
 from .recording import finish_recording, start_recording
 from .session import Session
@@ -194,8 +194,8 @@ class SessionRegistry:
         finally:
             await session.process.aclose()  # run() closes it; this covers a run never begun
             session.close_input()
-            if session.sink is not None:
-                session.sink.ended()
+            if session.sink is not None and session.pending_exit is None:
+                session.sink.ended()  # (a pending exit goes to the attach that takes it)
             await finish_recording(session)  # its exit, then the file closed: never raises
             if recorded:
                 await self._record(lambda journal: self._journal_end(journal, session, status))
@@ -236,18 +236,18 @@ class SessionRegistry:
         if sessions_here >= limit:
             raise busy(f"this connection runs its maximum of {limit} sessions")
 
-    def detached(self, session: Session, peer: str) -> None:
-        """``session`` went on without its client: its timeout runs from now."""
-        self._note(session, "detach", peer)
+    async def note(self, session: Session, kind: type[SessionDetach | SessionAttach],
+                   peer: str) -> None:
+        """A detach or an attach: the sweeper plans again, and the journal records it."""
+        self.deadline_moved()
+        await self._record(lambda journal: journal.note(kind, session.id, peer))
 
-    def attached(self, session: Session, peer: str) -> None:
-        self._note(session, "attach", peer)
-
-    def _note(self, session: Session, event: str, peer: str) -> None:
+    def note_soon(self, session: Session, kind: type[SessionDetach | SessionAttach],
+                  peer: str) -> None:
+        """`note`, from where nothing can wait (a connection that is ending)."""
         self.deadline_moved()
         if self.journal is not None and self._task_group is not None:
-            self._task_group.start_soon(self._record, lambda journal: journal.note(
-                event, session.id, peer))
+            self._task_group.start_soon(self.note, session, kind, peer)
 
     def hang_up_all(self) -> None:
         """Graceful shutdown: no new sessions; SIGHUP to every running session's process

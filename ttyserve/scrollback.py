@@ -3,7 +3,9 @@
 Output is kept in the order it was produced, as (stream, bytes) chunks, the
 oldest dropped first once the ring is over its size. Each chunk also costs a
 small fixed amount toward the size, so memory stays bounded however small the
-chunks are; `dropped` counts only output bytes lost.
+chunks are; `dropped` counts only output bytes lost. Large chunks are kept in
+64 KiB pieces and a partly dropped head is a view, so trimming never copies
+much and never holds much more than it counts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from .protocol.frames import FrameKind
 
 CHUNK_COST = 64  # bytes a chunk counts beyond its data (the deque entry and the bytes object)
 _COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this
+PIECE = 64 * 1024  # large chunks are kept in pieces of at most this
 
 
 class Scrollback:
@@ -22,7 +25,7 @@ class Scrollback:
     def __init__(self, size: int) -> None:
         self.size = size
         self.dropped = 0  # output bytes lost from the ring since the session started
-        self._chunks: collections.deque[tuple[FrameKind, bytes | bytearray]] = (
+        self._chunks: collections.deque[tuple[FrameKind, bytes | bytearray | memoryview]] = (
             collections.deque())
         self._used = 0
 
@@ -42,9 +45,11 @@ class Scrollback:
         elif len(data) < _COALESCE:
             self._chunks.append((kind, bytearray(data)))  # small: more may be joined to it
             self._used += len(data) + CHUNK_COST
-        else:
-            self._chunks.append((kind, data))
-            self._used += len(data) + CHUNK_COST
+        else:  # in pieces, so a trimmed head (a view) never holds much more than it counts
+            for start in range(0, len(data), PIECE):
+                piece = data[start:start + PIECE]
+                self._chunks.append((kind, piece))
+                self._used += len(piece) + CHUNK_COST
         self._trim()
 
     def _trim(self) -> None:
@@ -55,8 +60,8 @@ class Scrollback:
                 self._chunks.popleft()
                 self._used -= len(oldest) + CHUNK_COST
                 self.dropped += len(oldest)
-            else:  # only part of the oldest chunk must go
-                self._chunks[0] = (kind, oldest[excess:])
+            else:  # only part of the oldest chunk must go (a view: no copy of the rest)
+                self._chunks[0] = (kind, memoryview(oldest)[excess:])
                 self._used -= excess
                 self.dropped += excess
 

@@ -26,7 +26,7 @@ import anyio.abc
 from .backends.base import OutputSource, ProcessHandle, ProcessSpec
 from .journal import Reason, now_rfc3339
 from .protocol.frames import FrameKind
-from .protocol.messages import Eof, Exit, Message, Resize, Signal
+from .protocol.messages import STOLEN, Eof, Exit, Message, Resize, Signal
 from .scrollback import Scrollback
 from .settings import DEFAULT_LINGER
 
@@ -138,12 +138,22 @@ class Session:
         previous, self.sink = self.sink, sink
         self.detached_at = None
         if previous is not None:
-            previous.release("stolen")
+            previous.release(STOLEN)
 
     def detach(self) -> None:
-        """Go on without a sink: output only goes to the ring, and the process never waits."""
+        """Go on without a sink: output only goes to the ring, and the process never waits.
+
+        Input the process has not taken yet is dropped: it was sent on the channel that
+        left, and the next one starts with a whole STDIN window of its own.
+        """
         previous, self.sink = self.sink, None
         self.detached_at = time.monotonic()
+        in_flight = 1 if self._input_pump_running and self._stdin else 0
+        while len(self._stdin) > in_flight:
+            item = self._stdin.pop()
+            if isinstance(item, bytes):
+                self._stdin_queued -= len(item)
+        self._wake_feeders()
         if previous is not None:
             previous.release()
 

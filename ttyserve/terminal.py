@@ -68,6 +68,16 @@ class DetachKey:
         self.sequence = sequence
         self._held = b""
 
+    @property
+    def holding(self) -> bool:
+        """Whether keys that may begin the sequence are held back."""
+        return bool(self._held)
+
+    def release(self) -> bytes:
+        """The held keys, to send as typed (no more came, or input ended)."""
+        held, self._held = self._held, b""
+        return held
+
     def feed(self, data: bytes) -> tuple[bytes, bool]:
         """(what to send on, whether the sequence was typed: then the rest is dropped)."""
         data = self._held + data

@@ -86,8 +86,9 @@ def test_detach_list_and_attach_at_a_terminal(server_process: ServerProcess, tmu
     tmux.expect("exec", r"\ntyped-42")
     tmux.keys("exec", "C-\\")
     tmux.keys("exec", "d")  # the detach key: Ctrl-\ then d
-    tmux.expect("exec", rf"ttyserve: session {session_id} detached")
-    tmux.expect("exec", r"rc=0\nicanon\necho")  # exit 0, the terminal back to normal
+    screen = tmux.expect("exec", r"rc=0\nicanon\necho").string  # exit 0, terminal restored
+    line = f"ttyserve: session {session_id} (reattach: ttyserve attach {session_id})"
+    assert screen.count(line) == 2, screen  # once opened, and again once detached
 
     listed = subprocess.run(ttyserve_command("sessions", "--live", "--connect", address,
                                              "--json"), capture_output=True, timeout=20)
@@ -104,3 +105,36 @@ def test_detach_list_and_attach_at_a_terminal(server_process: ServerProcess, tmu
     tmux.expect("attach", r"\nagain-2")  # then live, and interactive
     tmux.keys("attach", "exit 5", "Enter")
     tmux.expect("attach", r"rc=5\nicanon\necho")  # the remote status, the terminal restored
+
+
+def test_attach_exits_as_exec_does(server_process: ServerProcess) -> None:
+    address = server_process.addresses[0]
+    unknown = subprocess.run(ttyserve_command("attach", "--connect", address, "no-such-id"),
+                             capture_output=True, timeout=20)
+    assert unknown.returncode == 255 and b"no_such_session" in unknown.stderr
+    opened = subprocess.Popen(ttyserve_command(
+        "exec", "--connect", address, "--detachable", "--json", "--", "sh", "-c",
+        "read x; kill -TERM $$"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    assert opened.stdout is not None
+    event = json.loads(opened.stdout.readline())
+    opened.kill()  # the client dies: the session goes on, detached
+    opened.communicate(timeout=10)
+    attached = subprocess.run(ttyserve_command("attach", "--connect", address,
+                                               event["session"]),
+                              input=b"go\n", capture_output=True, timeout=20)
+    assert attached.returncode == 128 + 15, attached.stderr  # as a shell reports SIGTERM
+
+
+def test_the_detach_key_passes_other_keys_and_can_be_turned_off() -> None:
+    from ttyserve.terminal import DetachKey, parse_key
+
+    key = DetachKey(parse_key("^\\d"))
+    assert key.feed(b"ab\x1c") == (b"ab", False) and key.holding
+    assert key.feed(b"x") == (b"\x1cx", False)  # Ctrl-\ then another key: both go on
+    assert key.feed(b"\x1c") == (b"", False) and key.release() == b"\x1c"  # alone, later
+    assert key.feed(b"1\x1cdrest") == (b"1", True)
+    assert parse_key("^A^?x") == b"\x01\x7fx"
+    usage = subprocess.run(ttyserve_command("exec", "--detach-key", "^", "--", "true"),
+                           capture_output=True, timeout=20)
+    assert usage.returncode == 255 and b"--detach-key" in usage.stderr

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -32,13 +33,15 @@ COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.05; done"
 TOKEN = "detach-token"
 
 
-@pytest.fixture
-def server(short_dir: Path) -> Iterator[ServerProcess]:
+@pytest.fixture(params=["600"])
+def server(short_dir: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A server of detachable sessions; tests of the timeout set it to 2 s (indirect)."""
     token = short_dir / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
     process = start_server(short_dir, "--command", SH, "--scrollback", "4096",
-                           "--detached-timeout", "2", "--journal", str(short_dir / "j.jsonl"),
+                           "--detached-timeout", request.param,
+                           "--journal", str(short_dir / "j.jsonl"),
                            "--token-file", str(token),
                            listen=[f"unix:{short_dir / 's.sock'}", "tcp:127.0.0.1:0"])
     try:
@@ -196,6 +199,7 @@ async def test_an_exit_while_detached_is_delivered_once(address: str) -> None:
     assert await listing(address) == []
 
 
+@pytest.mark.parametrize("server", ["2"], indirect=True)
 async def test_detached_timeout_hangs_up_and_the_journal_says_abandoned(
         server: ServerProcess, address: str, short_dir: Path) -> None:
     async with connect(address, multiplex=True) as conn:
@@ -213,6 +217,7 @@ async def test_detached_timeout_hangs_up_and_the_journal_says_abandoned(
             and isinstance(r, SessionDetach | SessionAttach)] == [SessionDetach]
 
 
+@pytest.mark.parametrize("server", ["2"], indirect=True)
 async def test_an_uncollected_exit_expires_too(address: str) -> None:
     async with connect(address, multiplex=True) as conn:
         session = await conn.spawn(["true"], pty=False, detachable=True)
@@ -315,3 +320,50 @@ async def test_a_graceful_shutdown_hangs_up_detached_sessions_and_records_them(
             if isinstance(r, SessionEnd) and r.id == session.id]
     assert [(e.reason, e.code, e.signal) for e in ends] == [("shutdown", -1, "HUP")]
     assert processes_in_group(session.pid or 0) == []
+
+
+async def test_a_steal_frees_the_session_from_a_client_that_stopped_reading(
+        address: str) -> None:
+    async with raw_peer(address) as stalled:  # reads nothing after the first frames
+        stalled.transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # type: ignore[attr-defined]
+        await stalled.send(HELLO + ctrl(1, Open(argv=["yes", "x" * 100], pty=False,
+                                                detachable=True)))
+        assert (await stalled.next_control())["type"] == "welcome"
+        opened = await stalled.next_control()
+        async with connect(address, multiplex=True) as conn:
+            taken = await conn.attach(str(opened["session"]), steal=True)
+            received = 0
+            with anyio.fail_after(20):
+                while received < (8 << 20):  # far beyond the ring: live output flows again
+                    chunk = await taken.receive()
+                    assert chunk is not None
+                    received += len(chunk.data)
+            await taken.cancel()
+
+
+async def test_a_single_session_attach_to_an_ended_session_closes_after_its_exit(
+        address: str) -> None:
+    async with connect(address) as conn:
+        session = await conn.spawn(["sh", "-c", "echo done; exit 4"], pty=False,
+                                   detachable=True)
+        await session.detach()
+    await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
+    async with raw_peer(address) as peer:
+        await peer.send(HELLO + ctrl(1, Attach(session=session.id or "")))
+        with anyio.fail_after(10):
+            frames = await peer.frames_until_eof()  # the server closes after the exit
+    out, _, controls = split_output(frames, 1)
+    assert out == b"done\n" and [c["type"] for c in controls] == ["attached", "exit"]
+    assert controls[-1]["code"] == 4
+
+
+async def test_a_cancel_during_the_replay_ends_it(address: str) -> None:
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sh", "-c", "head -c 4000 /dev/zero; sleep 30"],
+                                   pty=False, detachable=True)
+        await session.detach()
+    async with connect(address, multiplex=True, window=1024) as conn:  # the replay waits
+        again = await conn.attach(session.id or "")  # for credit nobody grants
+        await again.cancel()
+    await until_listed(address, lambda s: s == [], timeout=10)
+    assert await wait_until(lambda: processes_in_group(session.pid or 0) == [], timeout=5)

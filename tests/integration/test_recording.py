@@ -268,7 +268,8 @@ async def test_a_directory_that_cannot_be_written_does_not_stop_the_session(
 
 
 @pytest.mark.asyncio
-async def test_a_write_that_fails_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_write_that_fails_stops_the_recording_with_one_line(
+        caplog: pytest.LogCaptureFixture) -> None:
     fd = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
     recording = Recording(fd, "/dev/full", with_input=False)
     with caplog.at_level(logging.ERROR, logger="ttyserve"):

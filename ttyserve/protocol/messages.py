@@ -115,10 +115,13 @@ class Attached(Message, tag="attached"):
     dropped: int  # output bytes lost from the ring since the session started
 
 
+STOLEN = "stolen"  # the reason of `detached` when another channel attached with steal
+
+
 class Detached(Message, tag="detached"):
     """A channel's last frame when its session goes on without it."""
 
-    reason: str | None = None  # "stolen" when another channel attached with steal
+    reason: str | None = None  # STOLEN, or none for a `detach`
 
 
 class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):

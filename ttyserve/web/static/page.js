@@ -39,7 +39,9 @@ function finish(line, attributes) {
 }
 
 /** One connection carrying our session, opened anew or attached to; resolves to how it
- * ended: "exit", "refused", "gone" (no such session) or "lost" (the connection dropped). */
+ * ended: "exit", "refused", "gone" (no such session), "lost" (the connection dropped, or a
+ * refusal that may pass: busy, shutting_down) or "lost-after" (it dropped after it had
+ * started: the tries start again). */
 function connect(stored) {
   return new Promise((resolve) => {
     const connection = new Connection(url, { token, window: WINDOW, client: "ttyserve-page" });
@@ -57,7 +59,7 @@ function connect(stored) {
     };
     current.addEventListener("opened", started);
     current.addEventListener("attached", (event) => {
-      term.reset(); // the scrollback that follows is the screen again
+      term.write("\x1bc"); // a reset, in order: the scrollback that follows is the screen
       started(event);
     });
     current.addEventListener("output", (event) => {
@@ -79,6 +81,8 @@ function connect(stored) {
       if (stored && event.detail.code === "no_such_session") {
         sessionStorage.removeItem(STORED);
         resolve("gone");
+      } else if (event.detail.retriable) {
+        resolve("lost"); // busy, or a server going down: try again, as after a drop
       } else {
         finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
           { session: "refused" });
@@ -93,7 +97,7 @@ function connect(stored) {
       show("detached");
       resolve("detached");
     });
-    current.addEventListener("lost", () => resolve("lost"));
+    current.addEventListener("lost", () => resolve(session === current ? "lost-after" : "lost"));
     connection.addEventListener("error", (event) => {
       term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
     });
@@ -106,13 +110,14 @@ async function run() {
   show("connecting");
   let ended = await connect(sessionStorage.getItem(STORED));
   if (ended === "gone") ended = await connect(null); // it ended, or expired: a new one
-  for (let tries = 0; ended === "lost" && sessionStorage.getItem(STORED) &&
-    tries < RETRIES.length; tries++) {
+  for (let tries = 0; ended.startsWith("lost") && sessionStorage.getItem(STORED); tries++) {
+    if (ended === "lost-after") tries = 0; // it had come back: a new drop, new tries
+    if (tries >= RETRIES.length) break;
     show("reconnecting");
     await sleep(RETRIES[tries]);
     ended = await connect(sessionStorage.getItem(STORED));
   }
-  if (ended === "lost" || ended === "gone") {
+  if (ended.startsWith("lost") || ended === "gone") {
     finish("[connection lost]", { session: "lost" });
     show("connection lost");
   }
