@@ -26,9 +26,10 @@ TRACKED_PEERS = 10_000  # the oldest peer is forgotten beyond this: memory stays
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """The other end: an IP for TCP and TLS, a uid and pid for a Unix socket."""
+    """The other end: an IP for TCP and TLS, a uid and pid for a Unix socket; for `serve
+    --stdio`, whoever the carrier authenticated as this server's user."""
 
-    transport: str  # "unix", "tcp" or "tls"
+    transport: str  # "unix", "tcp", "tls", or "stdio"
     host: str = ""
     uid: int | None = None
     pid: int | None = None
@@ -41,7 +42,14 @@ class Peer:
     def __str__(self) -> str:
         if self.transport == "unix":
             return f"unix(uid={self.uid},pid={self.pid})"
+        if self.transport == "stdio":
+            return "stdio"
         return f"{self.transport}:{self.host}"
+
+
+def stdio_peer() -> Peer:
+    """The peer of `serve --stdio`."""
+    return Peer("stdio", uid=os.getuid())
 
 
 def peer_of(sock: socket.socket, transport: str) -> Peer:
@@ -65,11 +73,13 @@ class Access:
 def principal_of(peer: Peer) -> str:
     """Whom a session belongs to: the uid on a Unix socket; on TCP and TLS every holder of
     the server's token is one principal (protocol section 9)."""
-    return f"uid:{peer.uid}" if peer.transport == "unix" else "token"
+    return f"uid:{peer.uid}" if peer.transport in ("unix", "stdio") else "token"
 
 
 def refusal(access: Access, peer: Peer, token: str | None) -> str | None:
     """Why this peer may not go on (for the log, never for the peer), or None."""
+    if peer.transport == "stdio":
+        return None  # the carrier (ssh, kubectl) authenticated it; no token is asked
     if peer.transport == "unix":
         if peer.uid == os.getuid() or peer.uid in access.allowed_uids:
             return None

@@ -26,9 +26,11 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .addresses import Address, default_address, parse_address
+from .carrier import DEFAULT_REMOTE_COMMAND, Carrier, StderrLine, run_carrier, show_on_stderr
 from .credentials import tls_context
 from .dial import open_transport
 from .errors import (
+    CarrierError,
     ConnectionLost,
     LocalProtocolError,
     RemoteProtocolError,
@@ -279,8 +281,9 @@ class Connection:
     """A connection to a ttyserve server; created by `connect`."""
 
     def __init__(self, transport: Transport, multiplex: bool,
-                 window: int | None = None) -> None:
+                 window: int | None = None, carrier: Carrier | None = None) -> None:
         self._transport = transport
+        self._carrier = carrier
         self._outbox = Outbox(transport, on_broken=self._send_failed)
         self._core = ClientConnection()
         self.multiplex = multiplex
@@ -382,8 +385,12 @@ class Connection:
                 core.receive_data(data)
                 while (event := core.next_event()) is not None:
                     await self._dispatch(event)
+            await self._carrier_failed()
             self._fail(ConnectionLost("the server closed the connection"))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+        except (anyio.BrokenResourceError, OSError) as exc:
+            await self._carrier_failed()
+            self._fail(ConnectionLost(f"connection lost: {exc}"))
+        except anyio.ClosedResourceError as exc:
             self._fail(ConnectionLost(f"connection lost: {exc}"))
         except RemoteProtocolError as exc:
             self._fail(exc)
@@ -393,6 +400,11 @@ class Connection:
                 session._lost = failure  # raised once what was received is taken
                 session._send.close()
                 session._credit_granted()
+
+    async def _carrier_failed(self) -> None:
+        """A carrier that ended before `welcome` fails the connection with its class."""
+        if self._carrier is not None and self._core.welcome is None and self._failure is None:
+            self._fail(await self._carrier.failure())
 
     async def _dispatch(self, event: ClientEvent) -> None:
         if isinstance(event, OutputReceived):
@@ -478,8 +490,15 @@ async def connect(
     client_name: str = f"ttyserve-python/{__version__}",
     tls: ssl.SSLContext | None = None,
     window: int | None = None,
+    remote_command: str = DEFAULT_REMOTE_COMMAND,
+    carrier_stderr: StderrLine | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect and say `hello`; `open` may follow at once (pipelined).
+
+    An `ssh://` or `via:` address starts a carrier that runs ``remote_command serve
+    --stdio`` on the far side; its stderr lines go to ``carrier_stderr`` (default: our
+    stderr, prefixed with the address). If it ends before the far side's `welcome`,
+    CarrierError classifies why; the carrier is ended and reaped on the way out.
 
     With ``multiplex`` many sessions share the connection; a ``window`` (bytes)
     then bounds what each may have in flight in both directions, so one slow
@@ -492,15 +511,24 @@ async def connect(
     """
     addr = address if isinstance(address, Address) else (
         parse_address(address) if address else default_address())
-    transport = await open_transport(addr, tls or (client_tls_context()
-                                                   if addr.encrypted else None))
-    try:
-        connection = Connection(transport, multiplex, window)
+    async with contextlib.AsyncExitStack() as stack:
+        carrier: Carrier | None = None
+        if addr.carried:
+            carrier = await stack.enter_async_context(run_carrier(
+                addr, carrier_stderr or show_on_stderr(str(addr)), remote_command))
+            transport: Transport = carrier.transport
+        else:
+            transport = await open_transport(addr, tls or (client_tls_context()
+                                                           if addr.encrypted else None))
+            stack.push_async_callback(_close_shielded, transport)
+        connection = Connection(transport, multiplex, window, carrier)
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
                       multiplex=multiplex, window=window)
         try:
             await send_all(transport, connection._core.hello(hello))
         except anyio.BrokenResourceError as exc:
+            if carrier is not None:
+                raise await carrier.failure() from exc
             raise ConnectionResetError(f"the server closed the connection: {exc}") from exc
         failure: BaseException | None = None
         async with anyio.create_task_group() as tg:
@@ -514,9 +542,11 @@ async def connect(
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
-    finally:
-        with anyio.CancelScope(shield=True):
-            await transport.aclose()
+
+
+async def _close_shielded(transport: Transport) -> None:
+    with anyio.CancelScope(shield=True):
+        await transport.aclose()
 
 
 async def run(
@@ -559,6 +589,7 @@ async def run(
 
 
 __all__ = [
+    "CarrierError",
     "CompletedSession",
     "Connection",
     "ConnectionLost",

@@ -43,6 +43,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Everything `ttyserve serve` can be told. Defaults are the secure ones."""
 
     listen: list[str] = []
+    stdio: bool = False
     token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -89,6 +90,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("listen", "unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, or ws:HOST:PORT and "
            "wss:HOST:PORT for browsers (repeatable)", "ADDR"),
+    Option("stdio", "serve one connection on stdin and stdout, then exit (what a carrier "
+           "starts: ssh HOST ttyserve serve --stdio); no token, no listener"),
     Option("token_file", "file (mode 600) holding the token TCP and TLS clients must send "
            "(or the token itself in TTYSERVE_TOKEN)", "FILE"),
     Option("tls_cert", "certificate chain (PEM) for tls: listeners", "FILE"),

@@ -9,6 +9,8 @@ ttyserve raises on purpose, in one tree.
     ├── RequestError                one request refused with an `error` message: raised by
     │                               the server to refuse it, by the client when refused
     ├── ConnectionLost              the connection ended before the session did
+    ├── CarrierError                a carrier (ssh, via:) ended before `welcome`; ``failure``
+    │                               classifies it by remedy (contracts.md, carriers)
     ├── SessionCancelled            this side cancelled the session: no `exit` will come
     ├── SessionDetached             the channel ended, the session goes on (detach, steal)
     ├── SpawnError (an OSError)     the process could not be started; `errno` says why
@@ -44,6 +46,34 @@ class ErrorCode(enum.StrEnum):
 
 
 RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
+
+
+class CarrierFailure(enum.StrEnum):
+    """How a carrier that ended before `welcome` failed, by remedy (contracts.md)."""
+
+    NOT_INSTALLED = "not_installed"
+    UNREACHABLE = "unreachable"
+    USAGE = "usage"
+    CONFIG = "config"
+    LEASE = "lease"
+    UNSUPPORTED = "unsupported"
+    CRASHED = "crashed"
+
+
+# Whether a retry may help, and what the one-line report says: the contract's table.
+CARRIER_FAILURES: dict[CarrierFailure, tuple[bool, str]] = {
+    CarrierFailure.NOT_INSTALLED: (
+        False, "ttyserve is not on the far side's PATH; use --remote-command"),
+    CarrierFailure.UNREACHABLE: (
+        True, "ssh could not connect or authenticate (its stderr is shown)"),
+    CarrierFailure.USAGE: (
+        False, "the far side's ttyserve refused the invocation (too old for --stdio?)"),
+    CarrierFailure.CONFIG: (False, "the far side's configuration is unusable"),
+    CarrierFailure.LEASE: (
+        True, "the far side's journal or socket is held by another server"),
+    CarrierFailure.UNSUPPORTED: (False, "the far side cannot serve (platform)"),
+    CarrierFailure.CRASHED: (True, "the far side or carrier crashed"),
+}
 
 
 class TtyserveError(Exception):
@@ -86,6 +116,21 @@ class RequestError(TtyserveError):
 
 class ConnectionLost(TtyserveError):
     """The connection ended before the session's `exit` (or its refusal) arrived."""
+
+
+class CarrierError(TtyserveError):
+    """The carrier ended before the far side said `welcome`; ``failure`` says why by
+    remedy, ``retriable`` whether trying again may help, ``status`` how it ended
+    (its exit code, or -S for signal S; None if it never started)."""
+
+    def __init__(self, failure: CarrierFailure, status: int | None,
+                 explanation: str | None = None) -> None:
+        retriable, usual = CARRIER_FAILURES[failure]
+        self.failure = failure
+        self.retriable = retriable
+        self.status = status
+        self.explanation = explanation or usual
+        super().__init__(f"{failure}: {self.explanation}")
 
 
 class SessionCancelled(TtyserveError):

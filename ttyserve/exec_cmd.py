@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import json
 import math
 import os
-import random
 import signal
 import ssl
 import stat
@@ -27,9 +25,11 @@ import anyio.abc
 
 from . import terminal
 from .addresses import Address
+from .carrier import DEFAULT_REMOTE_COMMAND, show_on_stderr
 from .client import Session, connect
 from .credentials import tls_context
 from .errors import (
+    CarrierError,
     ConfigError,
     ConnectionLost,
     ErrorCode,
@@ -38,20 +38,16 @@ from .errors import (
     SessionDetached,
 )
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
+from .lines import write_all
 from .protocol.messages import DEFAULT_TERM, STOLEN, Error, Exit, SignalName, error_message
+from .retry import RETRIED, backoff, retriable
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
-BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
-BACKOFF_CAP = 5.0
 FORWARDED: dict[signal.Signals, SignalName] = {
     signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGHUP: "HUP", signal.SIGQUIT: "QUIT",
 }
-_RETRIABLE_ERRNOS = frozenset({
-    errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOENT, errno.ETIMEDOUT, errno.EAGAIN,
-    errno.ECONNABORTED, errno.EPIPE,
-})
 
 
 @dataclass(frozen=True)
@@ -69,15 +65,24 @@ class ExecOptions:
     detach_key: bytes | None = None  # typed at a terminal in raw mode: detach (None: never)
     attach: str | None = None  # `ttyserve attach ID`: take over this session, start nothing
     steal: bool = False
+    remote_command: str = DEFAULT_REMOTE_COMMAND  # what a carrier runs on the far side
+    target: str = ""  # the address as given, for messages (default: as it parsed)
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            object.__setattr__(self, "target", str(self.address))
 
 
 class ExecFailure(Exception):
-    """`exec` cannot go on; ``code`` is its exit code, the message says why."""
+    """`exec` cannot go on; ``code`` is its exit code, the message says why, ``members``
+    make the `--json` error event; ``told`` marks a line of the contract's own wording."""
 
-    def __init__(self, code: int, message: str, error: Error | None = None) -> None:
+    def __init__(self, code: int, message: str, members: dict[str, object] | None = None,
+                 told: bool = False) -> None:
         super().__init__(message)
         self.code = code
-        self.error = error
+        self.members = members or {"message": message}
+        self.told = told
 
 
 def _say(message: str) -> None:
@@ -100,12 +105,6 @@ class Detached(Exception):
         self.reason = reason
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 class Output:
     """Where remote output and events go: raw bytes, or JSON lines with --json."""
 
@@ -115,13 +114,13 @@ class Output:
     def event(self, name: str, **members: object) -> None:
         if self.as_json:
             line = json.dumps({"event": name, **members}, separators=(",", ":"))
-            _write_all(1, line.encode() + b"\n")
+            write_all(1, line.encode() + b"\n")
 
     def data(self, stream: str, data: bytes) -> None:
         if self.as_json:
             self.event(stream, data=base64.b64encode(data).decode("ascii"))
         else:
-            _write_all(2 if stream == "stderr" else 1, data)
+            write_all(2 if stream == "stderr" else 1, data)
 
 
 def _error_members(error: Error) -> dict[str, object]:
@@ -138,16 +137,6 @@ def _exit_members(status: Exit) -> dict[str, object]:
     ) if v is not None}
 
 
-def _retriable(exc: BaseException) -> tuple[bool, float | None]:
-    """Whether a failure before `opened` may be retried, and the server's hint in seconds."""
-    if isinstance(exc, RequestError):
-        hint = exc.retry_after_ms
-        return exc.retriable, hint / 1000 if hint is not None else None
-    if isinstance(exc, OSError):
-        return exc.errno in _RETRIABLE_ERRNOS or isinstance(exc, TimeoutError), None
-    return isinstance(exc, ConnectionLost), None
-
-
 @contextlib.asynccontextmanager
 async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
@@ -161,8 +150,10 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
     for attempt in range(options.retries + 1):
         async with contextlib.AsyncExitStack() as stack:
             try:
-                conn = await stack.enter_async_context(
-                    connect(options.address, token=options.token, tls=tls))
+                conn = await stack.enter_async_context(connect(
+                    options.address, token=options.token, tls=tls,
+                    remote_command=options.remote_command,
+                    carrier_stderr=show_on_stderr(options.target)))
                 if options.attach is not None:
                     session = await conn.attach(options.attach, steal=options.steal,
                                                 rows=size[0], cols=size[1])
@@ -171,14 +162,13 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         options.argv, pty=pty, rows=size[0], cols=size[1],
                         term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
                         env=options.env, cwd=options.cwd, detachable=options.detachable)
-            except (OSError, RequestError, ConnectionLost) as exc:
-                retriable, hint = _retriable(exc)
-                if not retriable or attempt == options.retries:
-                    raise _failure(exc, options, retriable) from exc
-                delay = hint if hint is not None else min(
-                    BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5)
-                _say(f"{_describe(exc, options)}; retrying in {delay:.2f}s "
-                     f"({attempt + 1}/{options.retries})")
+            except RETRIED as exc:
+                may_retry, hint = retriable(exc)
+                if not may_retry or attempt == options.retries:
+                    raise _failure(exc, options, may_retry) from exc
+                delay = backoff(attempt, hint)
+                _report(exc, options, f"retrying in {delay:.2f}s "
+                                      f"({attempt + 1}/{options.retries})")
                 await stack.aclose()
                 signum = await _sleep_unless_signalled(delay, signals)
                 if signum is not None:
@@ -209,18 +199,38 @@ def _describe(exc: BaseException, options: ExecOptions) -> str:
     if isinstance(exc, RequestError):
         return f"the server refused: {exc.code}: {exc.message}"
     if isinstance(exc, OSError):
-        return f"cannot connect to {options.address}: {exc.strerror or exc}"
+        return f"cannot connect to {options.target}: {exc.strerror or exc}"
     return str(exc)
 
 
+def _report(exc: BaseException, options: ExecOptions, then: str) -> None:
+    """Say that a try failed and what happens next (a retry)."""
+    if isinstance(exc, CarrierError):
+        _tell(f"{options.target}: {exc}; {then}")
+    else:
+        _say(f"{_describe(exc, options)}; {then}")
+
+
 def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
+    if isinstance(exc, CarrierError):  # the contract's line: TARGET: CLASS: explanation
+        return ExecFailure(ExecExit.FAILURE, f"{options.target}: {exc}",
+                           carrier_members(exc), told=True)
     message = f"{_describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
     if isinstance(exc, RequestError):
         code: int = ExecExit.FAILURE
         if exc.code == ErrorCode.SPAWN_FAILED:
             code = exec_spawn_failure_code(exc.errno)
-        return ExecFailure(code, message, error_message(exc))
+        return ExecFailure(code, message, _error_members(error_message(exc)))
     return ExecFailure(ExecExit.FAILURE, message)
+
+
+def carrier_members(exc: CarrierError) -> dict[str, object]:
+    """The `--json` error event of a carrier that ended before `welcome`."""
+    members: dict[str, object] = {"class": str(exc.failure), "retriable": exc.retriable,
+                                  "message": exc.explanation}
+    if exc.status is not None:
+        members["status"] = exc.status
+    return members
 
 
 async def _quietly(work: Awaitable[None]) -> None:
@@ -349,10 +359,8 @@ async def _exec(options: ExecOptions) -> int:
             _tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
             return ExecExit.DETACHED
         except ExecFailure as exc:
-            _say(str(exc))
-            if options.json:
-                members = _error_members(exc.error) if exc.error else {"message": str(exc)}
-                out.event("error", **members)
+            (_tell if exc.told else _say)(str(exc))
+            out.event("error", **exc.members)
             return exc.code
         except (ConnectionLost, RemoteProtocolError) as exc:
             if session_id is not None:

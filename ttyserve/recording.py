@@ -22,6 +22,7 @@ import anyio.abc
 import anyio.to_thread
 
 from .backends.base import ProcessSpec
+from .lines import write_all
 from .protocol.frames import FrameKind
 from .protocol.messages import Exit
 from .session import Session
@@ -60,7 +61,7 @@ def start_recording(session: Session, directory: str, with_input: bool,
             os.mkdir(directory, DIR_MODE)  # the last component only: a typo makes no tree
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
-            _write_all(fd, header(session.spec))
+            write_all(fd, header(session.spec))
         except OSError:
             os.close(fd)
             raise
@@ -173,7 +174,7 @@ class Recording:
             self._pending.clear()
             self._pending_size = 0
             try:
-                await anyio.to_thread.run_sync(_write_all, self._fd, data)
+                await anyio.to_thread.run_sync(write_all, self._fd, data)
             except OSError as exc:
                 self._fail(str(exc))
 
@@ -185,8 +186,3 @@ class Recording:
         self._pending.clear()
         self._pending_size = 0
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

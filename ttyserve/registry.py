@@ -97,6 +97,9 @@ class SessionRegistry:
         if len(self.sessions) >= settings.max_sessions:
             raise busy(f"the server runs its maximum of {settings.max_sessions} sessions")
         self.check_room(sessions_here)
+        if request.detachable and not settings.keeps_detached:
+            raise RequestError(ErrorCode.BAD_REQUEST, "this server cannot keep a detachable "
+                               "session: it ends with its one connection (serve --stdio)")
         try:
             settings.policy.check(request)
         except RequestError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import secrets
 import shlex
@@ -15,17 +16,18 @@ from collections.abc import Callable, Iterator
 import anyio
 
 from .addresses import Address, default_address, is_loopback, parse_address
-from .auth import Access
+from .auth import Access, stdio_peer
 from .backends.kinds import make_backend, unavailable_reason
 from .config import ServeConfig
 from .credentials import read_token, tls_context
-from .errors import AddressError, ConfigError, LeaseError, ListenError
+from .errors import AddressError, ConfigError, LeaseError, ListenError, UsageError
 from .exitcodes import ServeExit
 from .journal import Journal
 from .listeners import SocketLease, open_listeners, remove_socket_file
 from .policy import Policy
 from .server import Server, login_shell
 from .settings import ServerSettings
+from .transport import PipeTransport
 
 log = logging.getLogger("ttyserve")
 ORIGIN = re.compile(r"https?://([a-z0-9.\-]+|\[[0-9a-f:.]+\])(:\d{1,5})?")
@@ -98,10 +100,43 @@ def _held(leases: list[SocketLease], journal: Journal | None) -> Iterator[None]:
             journal.close()
 
 
+def stdio_transport() -> PipeTransport:
+    """`serve --stdio`: the protocol on stdin and stdout, which are moved to private
+    descriptors so that nothing else can ever write to stdout (anything that tries
+    reaches stderr) or read from stdin (it reads /dev/null)."""
+    transport = PipeTransport(os.dup(0), os.dup(1))
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return transport
+
+
+def listen_addresses(config: ServeConfig) -> list[Address]:
+    """The listeners; none with --stdio (then no --listen may be given either)."""
+    if config.stdio:
+        if config.listen:
+            raise UsageError("--stdio serves stdin and stdout: it takes no --listen")
+        return []
+    addresses = [parse_address(a) for a in config.listen] or [default_address()]
+    for address in addresses:
+        if address.carried:
+            raise ConfigError(f"{address}: a server listens on unix:, tcp:, tls:, ws: or "
+                              "wss:; the far side of a carrier runs serve --stdio")
+    return addresses
+
+
 async def _serve(config: ServeConfig) -> int:
     try:
-        addresses = [parse_address(a) for a in config.listen] or [default_address()]
-        token = read_token(config.token_file)
+        addresses = listen_addresses(config)
+    except UsageError as exc:
+        log.error("%s", exc)
+        return ServeExit.USAGE
+    except (AddressError, ConfigError) as exc:
+        log.error("configuration: %s", exc)
+        return ServeExit.CONFIG
+    try:
+        token = None if config.stdio else read_token(config.token_file)
         generated: str | None = None
         if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
             token = generated = secrets.token_urlsafe(32)
@@ -124,7 +159,7 @@ async def _serve(config: ServeConfig) -> int:
         handshake_timeout=config.handshake_timeout, max_connections=config.max_connections,
         shutdown_timeout=config.shutdown_timeout, scrollback=config.scrollback,
         detached_timeout=config.detached_timeout, record_dir=config.record,
-        record_input=config.record_input,
+        record_input=config.record_input, keeps_detached=not config.stdio,
     )
     leases: list[SocketLease] = []
     journal: Journal | None = None
@@ -154,7 +189,8 @@ async def _serve(config: ServeConfig) -> int:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(watch_signals)
-                    drained = await server.serve(listeners, announcer(generated))
+                    only = (stdio_transport(), stdio_peer()) if config.stdio else None
+                    drained = await server.serve(listeners, announcer(generated), only=only)
                     tg.cancel_scope.cancel()
             finally:
                 for address, _ in listeners:

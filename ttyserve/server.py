@@ -21,7 +21,7 @@ import anyio.abc
 from anyio.streams.tls import TLSStream
 
 from .addresses import Address
-from .auth import Gate, peer_of
+from .auth import Gate, Peer, peer_of
 from .backends.base import Backend
 from .backends.local import ChildBackend, LocalBackend
 from .handler import ConnectionHandler
@@ -81,15 +81,20 @@ class Server:
         self,
         listeners: list[tuple[Address, socket.socket]],
         on_listening: Callable[[Address], None] | None = None,
+        *,
+        only: tuple[Transport, Peer] | None = None,
     ) -> bool:
-        """Serve until shut down; True when the drain finished, False when forced."""
+        """Serve until shut down; True when the drain finished, False when forced.
+
+        With ``only`` (`serve --stdio`), serve that one open connection besides any
+        listeners, and shut down once it ends."""
         ensure_children_reapable()
         backend = self.registry.backend
         async with anyio.create_task_group() as maintenance:
             if self.reap_orphans and isinstance(backend, ChildBackend):
                 maintenance.start_soon(backend.reap_orphans)
             async with self.registry.running():
-                drained = await self._serve(listeners, on_listening)
+                drained = await self._serve(listeners, on_listening, only)
             maintenance.cancel_scope.cancel()
         return drained
 
@@ -97,8 +102,11 @@ class Server:
         self,
         listeners: list[tuple[Address, socket.socket]],
         on_listening: Callable[[Address], None] | None,
+        only: tuple[Transport, Peer] | None,
     ) -> bool:
         async with anyio.create_task_group() as connections:
+            if only is not None:
+                connections.start_soon(self._serve_only, *only)
             async with anyio.create_task_group() as accepting:
                 for address, listener in listeners:
                     accepting.start_soon(self._accept_loop, listener, address, connections)
@@ -165,16 +173,26 @@ class Server:
         self._connections += 1  # counted from accept: TLS and HTTP handshakes take a slot too
         try:
             transport = await self._open_transport(sock, listener, peer)
-            if transport is None:
-                return
+            if transport is not None:
+                await self._handle(transport, peer)
+        finally:
+            self._connections -= 1
+
+    async def _handle(self, transport: Transport, peer: Peer) -> None:
+        try:
             handler = ConnectionHandler(transport, peer, self.registry, self.gate,
                                         self._handler_closed)
             self.handlers.add(handler)
             await handler.run()
         except Exception:  # one connection's bug must not take the server down
             log.exception("connection %s failed", peer)
+
+    async def _serve_only(self, transport: Transport, peer: Peer) -> None:
+        """The connection of `serve --stdio`: when it ends, the server's work is done."""
+        try:
+            await self._handle(transport, peer)
         finally:
-            self._connections -= 1
+            self.shutdown()
 
     async def _open_transport(self, sock: socket.socket, listener: Address,
                               peer: object) -> Transport | None:

@@ -46,3 +46,4 @@ class ServerSettings:
     detached_timeout: float = DEFAULT_DETACHED_TIMEOUT
     record_dir: str | None = None  # asciicast v3 files of PTY sessions, when set
     record_input: bool = False
+    keeps_detached: bool = True  # False for `serve --stdio`: nothing outlives its connection

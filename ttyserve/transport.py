@@ -1,4 +1,5 @@
-"""Byte transports under the protocol: a raw non-blocking socket, or an anyio stream (TLS).
+"""Byte transports under the protocol: a raw non-blocking socket, a pair of pipes (`serve
+--stdio` and the carriers that reach it), or an anyio stream (TLS).
 
 The socket transport writes with sendmsg(), so a frame's header and payload
 go out in one system call without being joined first, and lets a caller try a
@@ -8,7 +9,10 @@ loses or splits data: bytes are either in the kernel or still the caller's.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import stat
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -101,6 +105,79 @@ class SocketTransport:
             self._closed = True
             anyio.notify_closing(self.sock)
             self.sock.close()
+
+
+class PipeTransport:
+    """Bytes in on one descriptor, out on another: pipes, a terminal, or a socket on both.
+
+    Two distinct descriptors, owned and closed by the transport. Both are made
+    non-blocking, and put back as they were when closed: their files may be shared
+    (the stdin and stdout of `serve --stdio`).
+    """
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd: int | None = read_fd
+        self.write_fd: int | None = write_fd
+        self._blocking = {fd: os.get_blocking(fd) for fd in (read_fd, write_fd)}
+        for fd in (read_fd, write_fd):
+            os.set_blocking(fd, False)
+
+    async def receive(self, max_bytes: int) -> bytes:
+        fd = self.read_fd
+        if fd is None:
+            raise anyio.ClosedResourceError
+        while True:
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(fd)
+                continue
+            except OSError as exc:
+                raise _broken(exc) from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    def try_send(self, buffers: Sequence[Buffer]) -> int:
+        if self.write_fd is None:
+            raise anyio.ClosedResourceError
+        try:
+            return os.writev(self.write_fd, buffers[:MAX_IOVECS])
+        except BlockingIOError:
+            return 0
+        except OSError as exc:  # EPIPE: the reader is gone
+            raise _broken(exc) from exc
+
+    async def send_some(self, buffers: Sequence[Buffer]) -> int:
+        while not (sent := self.try_send(buffers)):
+            assert self.write_fd is not None
+            await anyio.wait_writable(self.write_fd)
+        return sent
+
+    async def send_eof(self, protocol_error: bool = False) -> None:
+        fd, self.write_fd = self.write_fd, None
+        if fd is None:
+            return
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # the read side may share the socket
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise _broken(exc) from exc
+        finally:
+            self._release(fd)
+
+    def _release(self, fd: int) -> None:
+        anyio.notify_closing(fd)
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, self._blocking[fd])
+        os.close(fd)
+
+    async def aclose(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            if fd is not None:
+                self._release(fd)
+        self.read_fd = self.write_fd = None
 
 
 class StreamTransport:
