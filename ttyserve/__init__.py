@@ -1,10 +1,18 @@
-"""ttyserve: run processes under a PTY or pipes and serve them over a framed byte stream."""
+"""ttyserve: run processes under a PTY or pipes and serve them over a framed byte stream.
+
+The client library's names load on first use, so that `ttyserve serve` (and the `serve
+--stdio` a carrier starts on every target) does not pay for them.
+"""
 
 from __future__ import annotations
 
-from .client import CompletedSession, Connection, OutputChunk, Session, connect, run
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     AddressError,
+    CarrierError,
+    CarrierFailure,
     ConfigError,
     ConnectionLost,
     ErrorCode,
@@ -23,10 +31,28 @@ from .errors import (
 from .protocol.messages import Exit
 from .version import __version__
 
+if TYPE_CHECKING:
+    from .client import CompletedSession, Connection, OutputChunk, Session, connect, run
+    from .fanout import TargetResult, fan_out, run_many
+
 ExitStatus = Exit
+_LAZY = {
+    "CompletedSession": "client", "Connection": "client", "OutputChunk": "client",
+    "Session": "client", "connect": "client", "run": "client",
+    "TargetResult": "fanout", "fan_out": "fanout", "run_many": "fanout",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ttyserve' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 __all__ = [
     "AddressError",
+    "CarrierError",
+    "CarrierFailure",
     "CompletedSession",
     "ConfigError",
     "Connection",
@@ -45,9 +71,12 @@ __all__ = [
     "SessionCancelled",
     "SessionDetached",
     "SpawnError",
+    "TargetResult",
     "TtyserveError",
     "UsageError",
     "__version__",
     "connect",
+    "fan_out",
     "run",
+    "run_many",
 ]

@@ -25,9 +25,9 @@ from .backends.watch import open_exit_watch
 from .errors import CARRIER_FAILURES, CarrierError, CarrierFailure
 from .exitcodes import ServeExit, signal_name
 from .lines import LineBuffer, write_all
+from .settings import DEFAULT_REMOTE_COMMAND
 from .transport import PipeTransport
 
-DEFAULT_REMOTE_COMMAND = "ttyserve"
 STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL

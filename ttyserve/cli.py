@@ -12,6 +12,7 @@ from .addresses import Address, default_address, parse_address
 from .credentials import read_token
 from .errors import AddressError, ConfigError, UsageError
 from .exitcodes import ExecExit, ServeExit
+from .settings import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 from .terminal import DEFAULT_DETACH_KEY, parse_key
 from .version import __version__
 
@@ -41,6 +42,17 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _via(text: str) -> str:
+    return "via:" + text
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -61,9 +73,18 @@ def build_parser() -> _Parser:
     serve = commands.add_parser("serve", help="run the server")
     config.add_arguments(serve)
 
-    run = commands.add_parser("exec", help="run a command on a server")
+    run = commands.add_parser("exec", help="run a command on a server, or on many")
     run.usage_exit = ExecExit.FAILURE
-    _client_arguments(run)
+    _client_arguments(run, many=True)
+    run.add_argument("--via", dest="targets", action="append", type=_via, metavar="'CMD ...'",
+                     help="reach the far side through this carrier (kubectl exec -i POD --, "
+                          "...): short for --connect 'via:CMD ...' (repeatable)")
+    run.add_argument("--hosts", metavar="FILE",
+                     help="more targets, one address per line (blank lines and lines "
+                          "starting with # are ignored)")
+    run.add_argument("--parallel", type=_positive, default=DEFAULT_PARALLEL, metavar="N",
+                     help=f"with many targets, run on at most N at once "
+                          f"(default {DEFAULT_PARALLEL})")
     run.add_argument("--detachable", action="store_true",
                      help="the session outlives this client: detach with the detach key, "
                           "or by losing the connection; reattach with `ttyserve attach ID`")
@@ -110,11 +131,22 @@ def build_parser() -> _Parser:
     return parser
 
 
-def _client_arguments(parser: argparse.ArgumentParser) -> None:
-    """What every command that connects takes: where, the token, the CA, the detach key."""
-    parser.add_argument("--connect", metavar="ADDR",
-                        help="server address (default: $TTYSERVE_CONNECT, else the user's "
-                             "socket)")
+def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
+    """What every command that connects takes: where (and, for `exec`, where all), the
+    token, the CA, the far side's command, the detach key."""
+    if many:
+        parser.add_argument("--connect", dest="targets", action="append", metavar="ADDR",
+                            help="server address: unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, "
+                                 "ssh://[USER@]HOST[:PORT], via:CMD ... (default: "
+                                 "$TTYSERVE_CONNECT, else the user's socket); repeat it to "
+                                 "run on many targets")
+    else:
+        parser.add_argument("--connect", metavar="ADDR",
+                            help="server address (default: $TTYSERVE_CONNECT, else the "
+                                 "user's socket)")
+    parser.add_argument("--remote-command", default=DEFAULT_REMOTE_COMMAND, metavar="PATH",
+                        help="what ssh:// and via: carriers run on the far side "
+                             f"(default {DEFAULT_REMOTE_COMMAND})")
     parser.add_argument("--token-file", metavar="FILE",
                         help="file (mode 600) holding the server's token (default: "
                              "$TTYSERVE_TOKEN)")
@@ -147,6 +179,36 @@ def _connection(args: argparse.Namespace, command: str) -> tuple[Address, str | 
         return None
 
 
+def _targets(args: argparse.Namespace) -> list[tuple[str, Address]]:
+    """`exec`'s targets, each as given with its address: --connect and --via in order, then
+    --hosts FILE; the first of duplicates only. Raises AddressError or ConfigError."""
+    given: list[tuple[str, str]] = [(text, "") for text in args.targets or []]
+    if args.hosts:
+        try:
+            with open(args.hosts, encoding="utf-8") as file:
+                lines = file.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--hosts {args.hosts}: {getattr(exc, 'strerror', None) or exc}"
+                              ) from exc
+        given += [(line.strip(), f"{args.hosts}:{number}: ")
+                  for number, line in enumerate(lines, 1)
+                  if line.strip() and not line.strip().startswith("#")]
+        if not any(where for _, where in given):
+            raise ConfigError(f"--hosts {args.hosts}: no targets in it")
+    if not given:
+        connect = os.environ.get("TTYSERVE_CONNECT")
+        return [(connect, parse_address(connect))] if connect else [
+            (str(default_address()), default_address())]
+    targets: dict[str, Address] = {}
+    for text, where in given:
+        if text not in targets:
+            try:
+                targets[text] = parse_address(text)
+            except AddressError as exc:
+                raise AddressError(f"{where}{exc}") from None
+    return list(targets.items())
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .serve_cmd import serve_main
 
@@ -164,14 +226,27 @@ def _serve(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     from .exec_cmd import ExecOptions, exec_main
 
-    reached = _connection(args, "exec")
-    if reached is None:
+    try:
+        targets = _targets(args)
+        token = read_token(args.token_file)
+    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
+        sys.stderr.write(f"ttyserve exec: {exc}\n")
         return ExecExit.FAILURE
-    address, token = reached
     remote = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    return exec_main(ExecOptions(address, remote, args.pty, dict(args.env), args.cwd,
-                                 args.retries, args.json, token, args.tls_ca,
-                                 detachable=args.detachable, detach_key=args.detach_key))
+    options = ExecOptions(targets[0][1], remote, args.pty, dict(args.env), args.cwd,
+                          args.retries, args.json, token, args.tls_ca,
+                          detachable=args.detachable, detach_key=args.detach_key,
+                          remote_command=args.remote_command, target=targets[0][0])
+    if len(targets) == 1:
+        return exec_main(options)
+    from .fanout_cmd import fanout_main
+
+    for flag, given in (("-t", args.pty), ("--detachable", args.detachable)):
+        if given:
+            sys.stderr.write(f"ttyserve exec: {flag} works with one target, not "
+                             f"{len(targets)}\n")
+            return ExecExit.FAILURE
+    return fanout_main(options, targets, args.parallel)
 
 
 def _attach(args: argparse.Namespace) -> int:
@@ -183,7 +258,8 @@ def _attach(args: argparse.Namespace) -> int:
     address, token = reached
     return exec_main(ExecOptions(address, [], json=args.json, token=token, tls_ca=args.tls_ca,
                                  detach_key=args.detach_key, attach=args.session,
-                                 steal=args.steal))
+                                 steal=args.steal, remote_command=args.remote_command,
+                                 target=args.connect or ""))
 
 
 def _sessions(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .addresses import Address, default_address, parse_address
-from .carrier import DEFAULT_REMOTE_COMMAND, Carrier, StderrLine, run_carrier, show_on_stderr
+from .carrier import Carrier, StderrLine, run_carrier, show_on_stderr
 from .credentials import tls_context
 from .dial import open_transport
 from .errors import (
@@ -76,6 +76,7 @@ from .protocol.messages import (
     Welcome,
     request_error,
 )
+from .settings import DEFAULT_REMOTE_COMMAND
 from .transport import Transport, send_all
 from .version import __version__
 

@@ -25,7 +25,7 @@ import anyio.abc
 
 from . import terminal
 from .addresses import Address
-from .carrier import DEFAULT_REMOTE_COMMAND, show_on_stderr
+from .carrier import show_on_stderr
 from .client import Session, connect
 from .credentials import tls_context
 from .errors import (
@@ -41,6 +41,7 @@ from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .lines import write_all
 from .protocol.messages import DEFAULT_TERM, STOLEN, Error, Exit, SignalName, error_message
 from .retry import RETRIED, backoff, retriable
+from .settings import DEFAULT_REMOTE_COMMAND
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
@@ -116,9 +117,9 @@ class Output:
             line = json.dumps({"event": name, **members}, separators=(",", ":"))
             write_all(1, line.encode() + b"\n")
 
-    def data(self, stream: str, data: bytes) -> None:
+    def data(self, stream: str, data: bytes, **members: object) -> None:
         if self.as_json:
-            self.event(stream, data=base64.b64encode(data).decode("ascii"))
+            self.event(stream, **members, data=base64.b64encode(data).decode("ascii"))
         else:
             write_all(2 if stream == "stderr" else 1, data)
 
@@ -130,7 +131,7 @@ def _error_members(error: Error) -> dict[str, object]:
     ) if v is not None}
 
 
-def _exit_members(status: Exit) -> dict[str, object]:
+def exit_members(status: Exit) -> dict[str, object]:
     return {k: v for k, v in (
         ("code", status.code), ("signal", status.signal),
         ("core_dumped", status.core_dumped), ("error", status.error),
@@ -333,7 +334,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
         await session.cancel()
         raise abort
     assert session.status is not None
-    out.event("exit", **_exit_members(session.status))
+    out.event("exit", **exit_members(session.status))
     return exec_exit_code(session.status)
 
 

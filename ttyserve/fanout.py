@@ -24,7 +24,6 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .addresses import Address, parse_address
-from .carrier import DEFAULT_REMOTE_COMMAND
 from .client import Session, connect
 from .errors import (
     CarrierError,
@@ -39,8 +38,8 @@ from .errors import (
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .protocol.messages import Exit, SignalName
 from .retry import backoff, retriable
+from .settings import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 
-DEFAULT_PARALLEL = 32
 EVENT_BUFFER = 64  # events waiting for the consumer before targets wait for it
 LOST = "lost"  # failure class: the connection ended after the command started
 UNREACHABLE = "unreachable"  # failure class: the address could not be connected to

@@ -21,6 +21,8 @@ DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_MAX_SESSIONS_PER_CONNECTION = 64
 DEFAULT_SCROLLBACK = 1 << 20  # bytes of output a detachable session keeps (section 9)
 DEFAULT_DETACHED_TIMEOUT = 24 * 3600.0  # seconds a detached session waits for an attach
+DEFAULT_REMOTE_COMMAND = "ttyserve"  # what a carrier runs on the far side, with serve --stdio
+DEFAULT_PARALLEL = 32  # targets a fan-out runs on at once
 
 __all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_STDIN_WINDOW", "ServerSettings"]
 
