@@ -1,0 +1,225 @@
+"""`ttyserve serve --stdio`: one connection on stdin and stdout, nothing but frames on stdout,
+the policy and limits still apply, and stdin's EOF cancels and reaps every session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import SH, RawPeer, ctrl, split_output, ttyserve_command
+
+from ttyserve.exitcodes import ServeExit
+from ttyserve.protocol.frames import Frame, FrameKind
+from ttyserve.protocol.messages import Hello, Open
+from ttyserve.transport import PipeTransport
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class StdioServer:
+    def __init__(self, process: subprocess.Popen[bytes], peer: RawPeer) -> None:
+        self.process = process
+        self.peer = peer
+
+    async def exit_code(self, timeout: float = 10) -> int:
+        with anyio.fail_after(timeout):
+            return await anyio.to_thread.run_sync(self.process.wait)
+
+    def stderr(self) -> str:
+        assert self.process.stderr is not None
+        return self.process.stderr.read().decode()
+
+
+@contextlib.asynccontextmanager
+async def stdio_server(*args: str, env: dict[str, str] | None = None,
+                       ) -> AsyncIterator[StdioServer]:
+    """`serve --stdio` as a child whose stdin and stdout are our transport."""
+    to_server, from_us = os.pipe()
+    from_server, to_us = os.pipe()
+    process = subprocess.Popen(
+        ttyserve_command("serve", "--stdio", "--command", SH, *args), stdin=to_server,
+        stdout=to_us, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+    os.close(to_server)
+    os.close(to_us)
+    transport = PipeTransport(from_server, from_us)
+    try:
+        yield StdioServer(process, RawPeer(transport))
+    finally:
+        await transport.aclose()
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def controls(frames: list[Frame]) -> list[dict[str, object]]:
+    return [c for channel in {f.channel for f in frames} for c in split_output(frames,
+                                                                                channel)[2]]
+
+
+@pytest.mark.asyncio
+async def test_frames_only_on_stdout_and_exit_0_after_the_session(tmp_path: Path) -> None:
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "echo out; echo err >&2; exit 3"], pty=False)))
+        frames = await server.peer.frames_until_eof()  # every byte decoded as a frame
+        assert await server.exit_code() == ServeExit.OK
+    out, err, messages = split_output(frames)
+    assert (out, err) == (b"out\n", b"err\n")
+    assert [m["type"] for m in split_output(frames, 0)[2] + messages] == [
+        "welcome", "opened", "exit"]
+    assert messages[-1]["code"] == 3
+    assert frames[-1].kind is FrameKind.CTRL_OUT  # the exit is the last frame
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_is_logged_on_stderr_while_frames_flow_on_stdout() -> None:
+    async with stdio_server("--allow-command", "/bin/echo") as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1, multiplex=True))
+                               + ctrl(1, Open(argv=[SH, "-c", "true"], pty=False))
+                               + ctrl(2, Open(argv=["/bin/echo", "allowed"], pty=False)))
+        frames: list[Frame] = []
+        while not any(m.get("type") == "exit" for m in split_output(frames, 2)[2]):
+            frame = await server.peer.next_frame()
+            assert frame is not None
+            frames.append(frame)
+        await server.peer.transport.send_eof()
+        frames += await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+        assert "forbidden" in server.stderr()
+    refusal = split_output(frames, 1)[2][0]
+    assert refusal["type"] == "error" and refusal["code"] == "forbidden"
+    assert split_output(frames, 2)[0] == b"allowed\n"
+
+
+@pytest.mark.asyncio
+async def test_stdin_eof_cancels_and_reaps_every_session() -> None:
+    async with stdio_server() as server:
+        await server.peer.send(
+            ctrl(0, Hello(protocol=1, multiplex=True))
+            + b"".join(ctrl(channel, Open(argv=[SH, "-c", "echo up; exec sleep 600"],
+                                          pty=channel == 2)) for channel in (1, 2, 3)))
+        pids: dict[int, int] = {}
+        started: set[int] = set()
+        while len(started) < 3:
+            frame = await server.peer.next_frame()
+            assert frame is not None
+            if frame.kind is FrameKind.CTRL_OUT and frame.channel:
+                pids[frame.channel] = int(split_output([frame], frame.channel)[2][0]["pid"])
+            elif frame.kind is FrameKind.STDOUT and b"up" in frame.payload:
+                started.add(frame.channel)
+        assert all(alive(pid) for pid in pids.values())
+        await server.peer.transport.send_eof()
+        await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    assert not [pid for pid in pids.values() if alive(pid)]  # reaped by the server
+
+
+@pytest.mark.asyncio
+async def test_single_session_eof_before_the_end_cancels_it() -> None:
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "echo up; exec sleep 600"], pty=False)))
+        pid = None
+        while True:
+            frame = await server.peer.next_frame()
+            assert frame is not None
+            if frame.kind is FrameKind.CTRL_OUT and frame.channel == 1:
+                pid = int(split_output([frame])[2][0]["pid"])
+            if frame.kind is FrameKind.STDOUT:
+                break
+        assert pid is not None and alive(pid)
+        await server.peer.transport.send_eof()
+        rest = await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    assert not alive(pid)
+    assert not any(m.get("type") == "exit" for m in controls(rest))  # cancelled: no exit
+
+
+@pytest.mark.asyncio
+async def test_no_token_is_asked_even_when_one_is_configured() -> None:
+    async with stdio_server(env={"TTYSERVE_TOKEN": "x" * 32}) as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "exit 0"], pty=False)))
+        frames = await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    assert split_output(frames, 0)[2][0]["type"] == "welcome"
+
+
+@pytest.mark.asyncio
+async def test_limits_still_apply() -> None:
+    async with stdio_server("--max-sessions-per-connection", "1") as server:
+        await server.peer.send(
+            ctrl(0, Hello(protocol=1, multiplex=True))
+            + ctrl(1, Open(argv=[SH, "-c", "sleep 600"], pty=False))
+            + ctrl(2, Open(argv=[SH, "-c", "true"], pty=False)))
+        refusal = None
+        while refusal is None:
+            frame = await server.peer.next_frame()
+            assert frame is not None
+            if frame.kind is FrameKind.CTRL_OUT and frame.channel == 2:
+                refusal = split_output([frame], 2)[2][0]
+        await server.peer.transport.send_eof()
+        await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    assert refusal["type"] == "error" and refusal["code"] == "busy"
+
+
+@pytest.mark.asyncio
+async def test_a_detachable_session_is_refused_it_could_not_outlive_the_connection() -> None:
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "true"], pty=False, detachable=True)))
+        frames = await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    refusal = split_output(frames)[2][-1]
+    assert refusal["type"] == "error" and refusal["code"] == "bad_request"
+    assert "serve --stdio" in str(refusal["message"])
+
+
+def test_a_stray_write_to_fd_1_reaches_stderr_not_the_protocol() -> None:
+    """Once stdin and stdout carry the protocol, fd 1 is stderr and fd 0 is /dev/null."""
+    code = ("import os, sys\n"
+            "from ttyserve.serve_cmd import stdio_transport\n"
+            "transport = stdio_transport()\n"
+            "print('stray print', flush=True)\n"
+            "os.write(1, b'stray write\\n')\n"
+            "assert sys.stdin.read() == ''\n"
+            "os.write(transport.write_fd, b'frames')\n")
+    result = subprocess.run([sys.executable, "-c", code], input=b"not for anyone else",
+                            capture_output=True, timeout=20)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"frames"
+    assert result.stderr == b"stray print\nstray write\n"
+
+
+def test_stdio_takes_no_listener(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ttyserve_command("serve", "--stdio", "--listen", f"unix:{tmp_path / 's'}"),
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    assert result.returncode == ServeExit.USAGE
+    assert b"--stdio" in result.stderr and result.stdout == b""
+
+
+def test_a_server_cannot_listen_on_a_carrier_address() -> None:
+    result = subprocess.run(ttyserve_command("serve", "--listen", "ssh://host"),
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    assert result.returncode == ServeExit.CONFIG
+    assert b"serve --stdio" in result.stderr
+
+
+def test_stdin_eof_before_hello_exits_0() -> None:
+    result = subprocess.run(ttyserve_command("serve", "--stdio"), stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=20)
+    assert (result.returncode, result.stdout) == (ServeExit.OK, b"")
