@@ -66,10 +66,10 @@ class Progress:
         text = (f"ttyserve: {self.done} done, {self.running} running, {self.failed} failed, "
                 f"of {self.total}")
         try:
-            width = os.get_terminal_size(2).columns
+            width = os.get_terminal_size(2).columns or 80  # 0: a terminal never sized
         except OSError:
             width = 80
-        write_all(2, ERASE + text[:max(width - 1, 0)].encode())
+        write_all(2, ERASE + text[:width - 1].encode())
         self.shown, self._drawn_at = True, now
 
 
