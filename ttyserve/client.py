@@ -560,9 +560,10 @@ async def run(
     cwd: str | None = None,
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
+    remote_command: str = DEFAULT_REMOTE_COMMAND,
 ) -> CompletedSession:
     """Run ``argv`` remotely to completion; return its status and captured output."""
-    async with connect(address, token=token, tls=tls) as conn:
+    async with connect(address, token=token, tls=tls, remote_command=remote_command) as conn:
         session = await conn.spawn(argv, pty=pty, env=env, cwd=cwd)
         stdout: list[bytes] = []
         stderr: list[bytes] = []
