@@ -82,6 +82,7 @@ from .version import __version__
 
 READ_SIZE = 1 << 20
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
+FIRST_BYTES_SHOWN = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,7 @@ class Connection:
                  window: int | None = None, carrier: Carrier | None = None) -> None:
         self._transport = transport
         self._carrier = carrier
+        self._first_bytes = b""  # what the server sent first: shown if it is not the protocol
         self._outbox = Outbox(transport, on_broken=self._send_failed)
         self._core = ClientConnection()
         self.multiplex = multiplex
@@ -383,6 +385,8 @@ class Connection:
                     data = await self._transport.receive(READ_SIZE)
                 except anyio.EndOfStream:
                     break
+                if not self._first_bytes:
+                    self._first_bytes = data[:FIRST_BYTES_SHOWN]
                 core.receive_data(data)
                 while (event := core.next_event()) is not None:
                     await self._dispatch(event)
@@ -394,6 +398,10 @@ class Connection:
         except anyio.ClosedResourceError as exc:
             self._fail(ConnectionLost(f"connection lost: {exc}"))
         except RemoteProtocolError as exc:
+            if self._carrier is not None and self._core.welcome is None:
+                exc = RemoteProtocolError(
+                    f"{exc.message}; the far side began with {self._first_bytes!r}, which is "
+                    "not the protocol (does a shell startup file print something?)", exc.code)
             self._fail(exc)
         finally:
             failure = self._failure or ConnectionLost("the connection was closed here")

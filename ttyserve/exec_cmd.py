@@ -124,7 +124,7 @@ class Output:
             write_all(2 if stream == "stderr" else 1, data)
 
 
-def _error_members(error: Error) -> dict[str, object]:
+def error_members(error: Error) -> dict[str, object]:
     return {k: v for k, v in (
         ("code", error.code), ("message", error.message), ("errno", error.errno),
         ("retriable", error.retriable), ("retry_after_ms", error.retry_after_ms),
@@ -221,7 +221,7 @@ def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecF
         code: int = ExecExit.FAILURE
         if exc.code == ErrorCode.SPAWN_FAILED:
             code = exec_spawn_failure_code(exc.errno)
-        return ExecFailure(code, message, _error_members(error_message(exc)))
+        return ExecFailure(code, message, error_members(error_message(exc)))
     return ExecFailure(ExecExit.FAILURE, message)
 
 

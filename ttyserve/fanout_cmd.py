@@ -16,7 +16,14 @@ import anyio
 from .addresses import Address
 from .credentials import tls_context
 from .errors import CarrierError, ConfigError, RequestError
-from .exec_cmd import FORWARDED, ExecOptions, Output, carrier_members, exit_members
+from .exec_cmd import (
+    FORWARDED,
+    ExecOptions,
+    Output,
+    carrier_members,
+    error_members,
+    exit_members,
+)
 from .exitcodes import ExecExit
 from .fanout import (
     CANCELLED,
@@ -31,6 +38,7 @@ from .fanout import (
 )
 from .fanout import Output as OutputEvent
 from .lines import LineBuffer, write_all
+from .protocol.messages import error_message
 from .retry import retriable
 
 PROGRESS_EVERY = 0.1  # seconds between redraws of the progress line, at most
@@ -51,6 +59,7 @@ class Progress:
     running: int = 0
     failed: int = 0
     shown: bool = False
+    opened: set[str] = field(default_factory=set)
     _drawn_at: float = 0.0
 
     def erase(self) -> None:
@@ -120,6 +129,8 @@ def _error_members(result: TargetResult) -> dict[str, object]:
     error = result.error
     if isinstance(error, CarrierError):
         return carrier_members(error)
+    if isinstance(error, RequestError):
+        return {"class": result.failure, **error_members(error_message(error))}
     may_retry = retriable(error)[0] if error is not None else False
     return {"class": result.failure, "retriable": may_retry, "message": _explain(result)}
 
@@ -135,6 +146,7 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
     elif isinstance(event, CarrierLine):
         screen.write(2, f"{target}: ".encode() + event.line + b"\n")
     elif isinstance(event, Opened):
+        progress.opened.add(target)
         progress.running += 1
         out.event("opened", target=target, pid=event.pid)
     elif isinstance(event, Retrying):
@@ -146,17 +158,19 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
     elif isinstance(event, Finished):
         result = results[target] = event.result
         screen.flush(target)
-        if result.status is not None:
+        if target in progress.opened:
+            progress.opened.discard(target)
             progress.running -= 1
-        if result.exit_code == ExecExit.FAILURE and (
-                result.status is None or result.status.error is not None):
-            progress.failed += 1
+        if result.failure is not None:  # said as it happens; the summary repeats the class
             screen.write(2, _tell(f"{target}: {_explain(result)}"))
-            out.event("error", target=target, **_error_members(result))
+            if result.status is None:
+                out.event("error", target=target, **_error_members(result))
+        if result.status is not None:
+            out.event("exit", target=target, **exit_members(result.status))
+        if result.summary.startswith("failed"):
+            progress.failed += 1
         else:
             progress.done += 1
-            if result.status is not None:
-                out.event("exit", target=target, **exit_members(result.status))
     progress.refresh()
 
 

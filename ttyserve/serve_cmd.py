@@ -199,7 +199,9 @@ async def _serve(config: ServeConfig) -> int:
 
 
 def serve_main(config: ServeConfig) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="ttyserve: %(message)s")
+    # Through a carrier, stderr reaches the user of each `exec`: only what needs them.
+    level = logging.WARNING if config.stdio else logging.INFO
+    logging.basicConfig(stream=sys.stderr, level=level, format="ttyserve: %(message)s")
     reason = unavailable_reason(config.spawn)
     if reason is not None:
         log.error("this platform cannot serve: %s", reason)

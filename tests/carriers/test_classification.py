@@ -132,3 +132,14 @@ def test_real_ssh_to_a_closed_port_is_unreachable() -> None:
     shown = [line for line in result.stderr.splitlines()
              if line.startswith(f"{target}: ssh: connect to host 127.0.0.1 port {port}")]
     assert len(shown) == 2, result.stderr  # ssh's own words, once per try
+
+
+def test_a_far_side_that_prints_before_the_protocol_is_named(tmp_path: Path) -> None:
+    """A shell startup file that prints: what came first is shown, not parsed further."""
+    script = tmp_path / "chatty"
+    script.write_text('#!/bin/sh\necho "Welcome to $(hostname)!"\nexec "$@"\n')
+    script.chmod(0o755)
+    result = run_exec("--remote-command", REMOTE, "--via", str(script))
+    assert result.returncode == ExecExit.FAILURE
+    assert "the far side began with b'Welcome to " in result.stderr
+    assert "not the protocol" in result.stderr

@@ -76,6 +76,17 @@ def test_two_targets_2000_lines_each_whole_and_prefixed() -> None:
         assert seen == {"1": list(range(2000)), "2": list(range(2000))}
 
 
+def test_a_command_not_found_is_127_as_exec_says_it_and_said_at_once() -> None:
+    result = fan("--json", "--", "no-such-program", connect=targets(2))
+    assert result.returncode == ExecExit.NOT_FOUND
+    assert summaries(result.stderr) == [f"ttyserve: {t}: exit 127" for t in targets(2)]
+    for target in targets(2):
+        assert f"ttyserve: {target}: spawn_failed: " in result.stderr.decode()
+    errors = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted((e["event"], e["target"], e["code"]) for e in errors) == [
+        ("error", t, "spawn_failed") for t in targets(2)]
+
+
 def test_a_last_line_without_newline_gets_one() -> None:
     result = fan("--", "sh", "-c", "printf 'no newline from %s' $A", connect=targets(2))
     assert sorted(result.stdout.splitlines()) == [b"via:env A=1: no newline from 1",
