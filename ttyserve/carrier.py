@@ -11,6 +11,7 @@ never parsed; if it ends before `welcome`, its exit status is classified by reme
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import anyio.abc
 
 from .addresses import Address
 from .backends.watch import open_exit_watch
-from .errors import CARRIER_FAILURES, CarrierError, CarrierFailure
+from .errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
 from .exitcodes import ServeExit, signal_name
 from .lines import LineBuffer, write_all
 from .settings import DEFAULT_REMOTE_COMMAND
@@ -32,6 +33,10 @@ STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL
 STDERR_GRACE = 1.0  # seconds to wait for the rest of its stderr once it ended
+# exec's answers that mean "no such program here"; others (EMFILE, EAGAIN) are this
+# machine's limits, not a missing carrier
+CANNOT_EXECUTE = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOEXEC,
+                            errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG})
 NOT_FOUND = 127  # what a shell, ssh or kubectl exits with when the command is not there
 SSH_FAILED = 255  # what ssh exits with when it could not connect or authenticate
 # Typed at a terminal, these go to the whole foreground process group. Blocked in the
@@ -187,19 +192,25 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
                       remote_command: str = DEFAULT_REMOTE_COMMAND) -> AsyncIterator[Carrier]:
     """Start the carrier for ``address``; on the way out, end and reap it (`Carrier.end`).
 
-    Raises CarrierError (not_installed) when the carrier program cannot be run here.
+    Raises CarrierError (not_installed) when the carrier program cannot be run here, and
+    OutOfResources when this machine cannot start it.
     """
     argv = carrier_argv(address, remote_command)
-    pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
+    pipes: list[tuple[int, int]] = []
     try:
+        for _ in range(3):  # stdin, stdout, stderr
+            pipes.append(os.pipe2(os.O_CLOEXEC))
         process = _spawn(argv, pipes[0][0], pipes[1][1], pipes[2][1])
     except OSError as exc:
         for read_end, write_end in pipes:
             os.close(read_end)
             os.close(write_end)
-        raise CarrierError(CarrierFailure.NOT_INSTALLED, None,
-                           f"cannot run the carrier {argv[0]!r} here: "
-                           f"{exc.strerror or exc}") from exc
+        if exc.errno in CANNOT_EXECUTE:
+            raise CarrierError(CarrierFailure.NOT_INSTALLED, None,
+                               f"cannot run the carrier {argv[0]!r} here: "
+                               f"{exc.strerror or exc}") from exc
+        raise OutOfResources(exc.errno, f"cannot start the carrier {argv[0]!r}: "
+                                 f"{exc.strerror or exc}") from exc
     for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
         os.close(fd)  # the child's ends
     stderr_fd = pipes[2][0]

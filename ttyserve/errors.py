@@ -80,6 +80,11 @@ class TtyserveError(Exception):
     """The base of every exception ttyserve raises on purpose."""
 
 
+class OutOfResources(OSError):
+    """A carrier could not be started here: this machine is out of descriptors, processes
+    or memory (errno says which). Not the far side's fault; a retry may succeed."""
+
+
 class ProtocolError(TtyserveError):
     """Protocol v1 was broken. ``code`` is what a server reports on channel 0."""
 

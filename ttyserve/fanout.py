@@ -14,6 +14,7 @@ events come in order: its output, then one `Finished` with its result.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ from .errors import (
     CarrierError,
     ConnectionLost,
     ErrorCode,
+    OutOfResources,
     ProtocolError,
     RemoteProtocolError,
     RequestError,
@@ -46,6 +48,11 @@ UNREACHABLE = "unreachable"  # failure class: the address could not be connected
 CANCELLED = "cancelled"  # failure class: the fan-out was cancelled before it ended
 PROTOCOL_ERROR = "protocol_error"  # failure class: the far side broke the protocol
 WAIT_FAILED = "wait_failed"  # failure class: the far side could not learn the status
+NO_RESOURCES = "no_resources"  # failure class: this machine ran out of descriptors or memory
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# descriptors one running target holds here at most: its carrier's three pipes (six ends
+# while it starts, and subprocess's own pipe) and its exit watch
+FDS_PER_TARGET = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +132,8 @@ Event = Opened | Output | CarrierLine | Retrying | Finished
 
 def failure_class(error: BaseException) -> str:
     """How a target failed, in one word: a carrier's class (contracts.md), an error code
-    the server answered with, or `unreachable`, `lost`, `protocol_error`, `cancelled`."""
+    the server answered with, or `unreachable`, `lost`, `protocol_error`, `no_resources`,
+    `cancelled`."""
     if isinstance(error, CarrierError):
         return str(error.failure)
     if isinstance(error, RequestError):
@@ -135,7 +143,8 @@ def failure_class(error: BaseException) -> str:
     if isinstance(error, ConnectionLost):
         return LOST
     if isinstance(error, OSError):
-        return UNREACHABLE
+        short = isinstance(error, OutOfResources) or error.errno in RESOURCE_ERRNOS
+        return NO_RESOURCES if short else UNREACHABLE
     return CANCELLED
 
 

@@ -4,7 +4,9 @@ target, one exit status for all, and a live progress line on a terminal (contrac
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import sys
 import time
@@ -27,6 +29,7 @@ from .exec_cmd import (
 from .exitcodes import ExecExit
 from .fanout import (
     CANCELLED,
+    FDS_PER_TARGET,
     CarrierLine,
     Event,
     FanOut,
@@ -43,6 +46,7 @@ from .retry import retriable
 
 PROGRESS_EVERY = 0.1  # seconds between redraws of the progress line, at most
 ERASE = b"\r\x1b[K"  # back to the start of the line, and clear it
+FD_HEADROOM = 64  # descriptors this process holds besides its targets' (stdio, the loop...)
 
 
 def _tell(line: str) -> bytes:
@@ -229,5 +233,25 @@ async def _fan_out(options: ExecOptions, targets: list[tuple[str, Address]],
     return max(codes)
 
 
+def fit_descriptors(parallel: int) -> int:
+    """How many targets may run at once within RLIMIT_NOFILE: the soft limit is raised as
+    far as ``parallel`` targets need (the hard limit at most); beyond that, fewer run."""
+    need = parallel * FDS_PER_TARGET + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need <= soft:
+        return parallel
+    raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    fits = max(1, (soft - FD_HEADROOM) // FDS_PER_TARGET)
+    if fits < parallel:
+        sys.stderr.write(f"ttyserve exec: --parallel {parallel} needs about {need} "
+                         f"descriptors, and this process may open {soft} (ulimit -n): "
+                         f"running at most {fits} at once\n")
+    return min(fits, parallel)
+
+
 def fanout_main(options: ExecOptions, targets: list[tuple[str, Address]], parallel: int) -> int:
+    parallel = fit_descriptors(min(parallel, len(targets)))
     return anyio.run(_fan_out, options, targets, parallel)

@@ -12,6 +12,7 @@ BACKOFF_CAP = 5.0
 _RETRIABLE_ERRNOS = frozenset({
     errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOENT, errno.ETIMEDOUT, errno.EAGAIN,
     errno.ECONNABORTED, errno.EPIPE,
+    errno.EMFILE, errno.ENFILE,  # out of descriptors: other targets will give theirs back
 })
 RETRIED = (OSError, RequestError, ConnectionLost, CarrierError)  # what may be retried at all
 

@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import re
+import resource
 import select
 import signal
 import socket
@@ -170,6 +171,27 @@ def test_parallel_bounds_how_many_run_at_once(parallel: int, tmp_path: Path) -> 
     assert peak == parallel, events
     if parallel == 1:
         assert events == ["start 1", "end 1", "start 2", "end 2", "start 3", "end 3"]
+
+
+def test_parallel_is_bounded_by_the_descriptors_this_process_may_open(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    script = f'echo "start $A" >> {log}; sleep 0.1; echo "end $A" >> {log}'
+    given = [arg for target in targets(16) for arg in ("--connect", target)]
+
+    def hundred_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    result = subprocess.run(
+        ttyserve_command("exec", "--remote-command", REMOTE, *given, "--parallel", "16",
+                         "--", "sh", "-c", script),
+        capture_output=True, timeout=60, preexec_fn=hundred_descriptors)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert "may open 100 (ulimit -n): running at most 4 at once" in result.stderr.decode()
+    running = peak = 0
+    for event in log.read_text().splitlines():
+        running += 1 if event.startswith("start") else -1
+        peak = max(peak, running)
+    assert 1 <= peak <= 4
 
 
 def test_json_events_carry_their_target() -> None:

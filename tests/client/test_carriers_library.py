@@ -3,7 +3,9 @@ reaped on every way out, and `run_many` / `fan_out` (contracts.md, carriers)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import socket
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from helpers import SH, children_of
 
 from ttyserve import CarrierError, CarrierFailure, connect, fan_out, run, run_many
+from ttyserve.errors import OutOfResources
 from ttyserve.fanout import CarrierLine, Finished, Opened, Output
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -138,3 +141,23 @@ async def test_fan_out_streams_events_as_they_come(tmp_path: Path) -> None:
         mine = [kind for kind, name in seen if name == target]
         assert mine == [Opened.__name__, Output.__name__, Finished.__name__]
     assert seen.index(("Finished", "via:env A=2")) < seen.index(("Output", "via:env A=1"))
+
+
+async def test_out_of_descriptors_is_no_resources_not_a_missing_carrier() -> None:
+    open_now = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    limit, free = 0, 0
+    while free < 2:  # room for one pipe of the carrier's three, so the second fails
+        free += limit not in open_now
+        limit += 1
+    before = my_children()
+    saved = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, saved[1]))
+    try:
+        [result] = await run_many(["true"], ["via:env A=1"], remote_command=REMOTE)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, saved)
+    assert (result.failure, result.exit_code) == ("no_resources", 255)
+    assert isinstance(result.error, OutOfResources) and result.error.errno == errno.EMFILE
+    assert "cannot start the carrier 'env'" in str(result.error)
+    assert {int(fd) for fd in os.listdir("/proc/self/fd")} == open_now  # the pipe closed
+    assert my_children() == before
