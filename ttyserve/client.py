@@ -507,7 +507,9 @@ async def connect(
     An `ssh://` or `via:` address starts a carrier that runs ``remote_command serve
     --stdio`` on the far side; its stderr lines go to ``carrier_stderr`` (default: our
     stderr, prefixed with the address). If it ends before the far side's `welcome`,
-    CarrierError classifies why; the carrier is ended and reaped on the way out.
+    CarrierError classifies why; the carrier is ended and reaped on the way out. No
+    ``token`` is sent through a carrier: the carrier authenticates, and `serve --stdio`
+    takes none.
 
     With ``multiplex`` many sessions share the connection; a ``window`` (bytes)
     then bounds what each may have in flight in both directions, so one slow
@@ -531,6 +533,8 @@ async def connect(
                                                            if addr.encrypted else None))
             stack.push_async_callback(_close_shielded, transport)
         connection = Connection(transport, multiplex, window, carrier)
+        if carrier is not None:
+            token = None  # a far side takes none: never hand a secret to every host we reach
         hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
                       multiplex=multiplex, window=window)
         try:

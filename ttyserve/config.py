@@ -130,6 +130,11 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+# what a carrier asks for on its command line, never a host's setting: a TTYSERVE_STDIO or
+# a file must not turn a daemon into a stdio server
+FLAG_ONLY = frozenset({"stdio"})
+
+
 def _field_types() -> dict[str, Any]:
     return {f.name: f.type for f in msgspec.structs.fields(ServeConfig)}
 
@@ -174,7 +179,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
     for option in OPTIONS:
         text = environ.get(option.env)
-        if text is None:
+        if text is None or option.key in FLAG_ONLY:
             continue
         kind = str(types[option.key])
         if types[option.key] is bool:
@@ -199,6 +204,8 @@ def _from_file(path: str) -> dict[str, object]:
         raise ConfigError(f"config file {path}: {exc}") from exc
     known = {option.key for option in OPTIONS}
     for key in data:
+        if key in FLAG_ONLY:
+            raise ConfigError(f"config file {path}: {key!r} is a command-line flag only")
         if key not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r}")
     return data
@@ -234,6 +241,8 @@ def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
         **_validate(_from_environment(environ), "environment", ConfigError),
         **_validate(flags, "flag", UsageError),
     }
+    if flags.get("stdio") and "listen" not in flags:
+        merged.pop("listen", None)  # a host's TTYSERVE_LISTEN or file is for its daemon
     return msgspec.convert(merged, ServeConfig)
 
 

@@ -175,6 +175,8 @@ class Server:
             transport = await self._open_transport(sock, listener, peer)
             if transport is not None:
                 await self._handle(transport, peer)
+        except Exception:  # one connection's bug must not take the server down
+            log.exception("connection %s failed", peer)
         finally:
             self._connections -= 1
 

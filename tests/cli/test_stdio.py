@@ -223,3 +223,36 @@ def test_stdin_eof_before_hello_exits_0() -> None:
     result = subprocess.run(ttyserve_command("serve", "--stdio"), stdin=subprocess.DEVNULL,
                             capture_output=True, timeout=20)
     assert (result.returncode, result.stdout) == (ServeExit.OK, b"")
+
+
+def test_the_hosts_listen_setting_is_for_its_daemon_not_for_stdio(tmp_path: Path) -> None:
+    """Over ssh a shell startup file may export TTYSERVE_LISTEN; --stdio still serves."""
+    config = tmp_path / "ttyserve.toml"
+    config.write_text(f'listen = ["unix:{tmp_path / "file"}"]\n')
+    env = {**os.environ, "TTYSERVE_LISTEN": f"unix:{tmp_path / 'env'}",
+           "TTYSERVE_CONFIG": str(config)}
+    result = subprocess.run(ttyserve_command("serve", "--stdio"), stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=20, env=env)
+    assert (result.returncode, result.stdout) == (ServeExit.OK, b""), result.stderr
+    assert not any(tmp_path.glob("env*")) and not any(tmp_path.glob("file*"))
+
+
+def test_stdio_is_a_flag_only_never_a_setting(tmp_path: Path) -> None:
+    config = tmp_path / "ttyserve.toml"
+    config.write_text("stdio = true\n")
+    result = subprocess.run(ttyserve_command("serve", "--config", str(config)),
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    assert result.returncode == ServeExit.CONFIG
+    assert b"'stdio' is a command-line flag only" in result.stderr
+    # TTYSERVE_STDIO is not a setting: the server listens (and is stopped by the deadline)
+    socket_path = tmp_path / "s"
+    env = {**os.environ, "TTYSERVE_STDIO": "1"}
+    with subprocess.Popen(ttyserve_command("serve", "--listen", f"unix:{socket_path}"),
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env) as server:
+        try:
+            assert server.stdout is not None
+            assert b"listening" in server.stdout.readline()
+        finally:
+            server.terminate()
+            server.wait(10)

@@ -161,3 +161,15 @@ async def test_out_of_descriptors_is_no_resources_not_a_missing_carrier() -> Non
     assert "cannot start the carrier 'env'" in str(result.error)
     assert {int(fd) for fd in os.listdir("/proc/self/fd")} == open_now  # the pipe closed
     assert my_children() == before
+
+
+async def test_no_token_travels_through_a_carrier(tmp_path: Path) -> None:
+    wire = tmp_path / "wire"
+    far_side = tmp_path / "far-side"  # keeps a copy of every byte the far side reads
+    far_side.write_text(f'#!/bin/sh\ntee {wire} | {REMOTE} "$@"\n')
+    far_side.chmod(0o700)
+    result = await run(["echo", "ran"], address="via:env", token="sekrit-token-1234",
+                       remote_command=str(far_side))
+    assert (result.returncode, result.stdout) == (0, b"ran\n")
+    assert b"hello" in wire.read_bytes()  # the copy is of the protocol
+    assert b"sekrit" not in wire.read_bytes()
