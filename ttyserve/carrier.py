@@ -24,20 +24,20 @@ import anyio.abc
 from .addresses import Address
 from .backends.watch import open_exit_watch
 from .errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
-from .exitcodes import ServeExit, signal_name
+from .exitcodes import ExecExit, ServeExit, signal_name
 from .lines import LineBuffer, write_all
 from .settings import DEFAULT_REMOTE_COMMAND
 from .transport import PipeTransport
 
 STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
+NO_WELCOME_GRACE = 0.5  # the same, before `welcome`: the far side has nothing to finish
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL
 STDERR_GRACE = 1.0  # seconds to wait for the rest of its stderr once it ended
 # exec's answers that mean "no such program here"; others (EMFILE, EAGAIN) are this
 # machine's limits, not a missing carrier
 CANNOT_EXECUTE = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOEXEC,
                             errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG})
-NOT_FOUND = 127  # what a shell, ssh or kubectl exits with when the command is not there
 SSH_FAILED = 255  # what ssh exits with when it could not connect or authenticate
 # Typed at a terminal, these go to the whole foreground process group. Blocked in the
 # carrier, they reach the remote command as protocol signals instead of cutting the link.
@@ -84,7 +84,7 @@ def counts_as_ssh(address: Address) -> bool:
 def classify(returncode: int, ssh: bool) -> CarrierFailure:
     """The contract's table: a carrier's exit status before `welcome`, by remedy
     (``returncode`` is -S for a death by signal S)."""
-    if returncode == NOT_FOUND:
+    if returncode == ExecExit.NOT_FOUND:  # as a shell, ssh or kubectl say "not there"
         return CarrierFailure.NOT_INSTALLED
     if returncode == SSH_FAILED and ssh:
         return CarrierFailure.UNREACHABLE
@@ -108,6 +108,7 @@ class Carrier:
     stderr_fd: int
     on_stderr: StderrLine
     stderr_done: anyio.Event = field(default_factory=anyio.Event)
+    welcomed: bool = False  # set by the connection: the far side speaks the protocol
 
     async def failure(self) -> CarrierError:
         """Why the far side ended before `welcome`: waits for the carrier to end (and for
@@ -119,16 +120,17 @@ class Carrier:
         explanation = f"{CARRIER_FAILURES[failure][1]} ({describe_status(returncode)})"
         return CarrierError(failure, returncode, explanation)
 
-    async def end(self) -> None:
-        """Close its stdin, let it end (draining what it still writes), then make it end;
-        return once it is reaped and its stderr is read to the end or STDERR_GRACE passed."""
+    async def end(self, grace: float = EXIT_GRACE) -> None:
+        """Close its stdin, let it end (draining what it still writes) for ``grace``
+        seconds, then make it end; return once it is reaped and its stderr is read to the
+        end or STDERR_GRACE passed."""
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(anyio.BrokenResourceError):
                 await self.transport.send_eof()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._drain_stdout)
-                for grace, then in ((EXIT_GRACE, signal.SIGTERM), (KILL_GRACE, signal.SIGKILL)):
-                    with anyio.move_on_after(grace):
+                for wait, then in ((grace, signal.SIGTERM), (KILL_GRACE, signal.SIGKILL)):
+                    with anyio.move_on_after(wait):
                         await self._reaped()
                     if self.process.returncode is not None:
                         break
@@ -226,7 +228,8 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
             except BaseException as exc:  # re-raised below, unwrapped by the task group
                 failure = exc
             finally:
-                await carrier.end()
+                # cancelled before `welcome` (Ctrl-C while ssh connects): end it at once
+                await carrier.end(EXIT_GRACE if carrier.welcomed else NO_WELCOME_GRACE)
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure

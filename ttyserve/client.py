@@ -375,6 +375,8 @@ class Connection:
         await self._outbox.wait_for_room()
 
     def _send_failed(self) -> None:
+        if self._carrier is not None and self._core.welcome is None:
+            return  # the carrier ended: the read loop sees its stdout close and classifies it
         self._fail(ConnectionLost("send failed: the connection broke"))
 
     async def _read_loop(self) -> None:
@@ -465,6 +467,8 @@ class Connection:
             elif (session := self._sessions.get(event.channel)) is not None:
                 await session._deliver(event.error)
         elif isinstance(event, WelcomeReceived):
+            if self._carrier is not None:
+                self._carrier.welcomed = True
             for session in self._sessions.values():
                 session._credit_granted()  # the STDIN window is known now
 

@@ -14,6 +14,8 @@ ttyserve raises on purpose, in one tree.
     ├── SessionCancelled            this side cancelled the session: no `exit` will come
     ├── SessionDetached             the channel ended, the session goes on (detach, steal)
     ├── SpawnError (an OSError)     the process could not be started; `errno` says why
+    ├── OutOfResources (an OSError) a carrier could not be started: no descriptors,
+    │                               processes or memory here (retriable)
     ├── AddressError (a ValueError) an address that does not parse
     ├── ConfigError                 a setting that cannot be used (`serve` exits 3)
     │   ├── UsageError              a bad command-line flag (`serve` exits 2)
@@ -60,6 +62,18 @@ class CarrierFailure(enum.StrEnum):
     CRASHED = "crashed"
 
 
+class TargetFailure(enum.StrEnum):
+    """How a target of `exec` failed besides the carrier table and the server's error codes
+    (docs/carriers.md): the class in its summary line and its `--json` error event."""
+
+    UNREACHABLE = "unreachable"  # the address could not be connected to
+    LOST = "lost"  # the connection ended before the exit arrived: the command may have run
+    PROTOCOL_ERROR = "protocol_error"  # the far side broke the protocol
+    WAIT_FAILED = "wait_failed"  # the far side could not learn the status
+    NO_RESOURCES = "no_resources"  # this machine ran out of descriptors or memory
+    CANCELLED = "cancelled"  # the fan-out was cancelled before the target ended
+
+
 # Whether a retry may help, and what the one-line report says: the contract's table.
 CARRIER_FAILURES: dict[CarrierFailure, tuple[bool, str]] = {
     CarrierFailure.NOT_INSTALLED: (
@@ -78,11 +92,6 @@ CARRIER_FAILURES: dict[CarrierFailure, tuple[bool, str]] = {
 
 class TtyserveError(Exception):
     """The base of every exception ttyserve raises on purpose."""
-
-
-class OutOfResources(OSError):
-    """A carrier could not be started here: this machine is out of descriptors, processes
-    or memory (errno says which). Not the far side's fault; a retry may succeed."""
 
 
 class ProtocolError(TtyserveError):
@@ -155,6 +164,11 @@ class SessionDetached(TtyserveError):
 
 class SpawnError(TtyserveError, OSError):
     """The process could not be started; ``errno`` says why, ``strerror`` for people."""
+
+
+class OutOfResources(TtyserveError, OSError):
+    """A carrier could not be started here: this machine is out of descriptors, processes
+    or memory (errno says which). Not the far side's fault; a retry may succeed."""
 
 
 class AddressError(TtyserveError, ValueError):

@@ -36,6 +36,7 @@ from .errors import (
     RemoteProtocolError,
     RequestError,
     SessionDetached,
+    TargetFailure,
 )
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .lines import write_all
@@ -140,7 +141,7 @@ def exit_members(status: Exit) -> dict[str, object]:
 
 @contextlib.asynccontextmanager
 async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
-                        out: Output, signals: AsyncIterator[int]) -> AsyncIterator[Session]:
+                        out: Output) -> AsyncIterator[Session]:
     """Connect and open, retrying only what is retriable and only before `opened`."""
     tls: ssl.SSLContext | None = None
     if options.address.encrypted:
@@ -171,12 +172,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 _report(exc, options, f"retrying in {delay:.2f}s "
                                       f"({attempt + 1}/{options.retries})")
                 await stack.aclose()
-                signum = await _sleep_unless_signalled(delay, signals)
-                if signum is not None:
-                    code = (ExecExit.INTERRUPTED if signum == signal.SIGINT
-                            else ExecExit.SIGNAL_BASE + signum)
-                    raise ExecFailure(code, f"{signal.Signals(signum).name} while waiting to "
-                                            "retry: nothing was started") from exc
+                await anyio.sleep(delay)  # a signal to stop ends it (_stop_while_opening)
                 continue
             if session.id is not None:
                 out.event("opened", pid=session.pid, session=session.id)
@@ -187,13 +183,16 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
             return
 
 
-async def _sleep_unless_signalled(delay: float, signals: AsyncIterator[int]) -> int | None:
-    """Wait ``delay`` seconds between retries; a signal to stop (not SIGWINCH) ends it early."""
-    with anyio.move_on_after(delay):
+async def _stop_while_opening(signals: AsyncIterator[int], watching: anyio.CancelScope,
+                              opening: anyio.CancelScope, stopped: list[int]) -> None:
+    """Until the session is open: a signal to stop (not SIGWINCH) ends the connecting, the
+    opening and any wait to retry at once, instead of reaching the command once it starts."""
+    with watching:
         async for signum in signals:
             if signum in FORWARDED:
-                return signum
-    return None
+                stopped.append(signum)
+                opening.cancel()
+                return
 
 
 def _describe(exc: BaseException, options: ExecOptions) -> str:
@@ -339,37 +338,65 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
 
 
 async def _exec(options: ExecOptions) -> int:
+    out = Output(options.json)
+    with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
+        stopped: list[int] = []
+        watching = anyio.CancelScope()
+        code: int | None = None
+        async with anyio.create_task_group() as opening:
+            opening.start_soon(_stop_while_opening, signals, watching, opening.cancel_scope,
+                               stopped)
+            code = await _exec_session(options, out, signals, watching)
+            watching.cancel()
+    if code is not None:
+        return code
+    signum = stopped[0]
+    message = f"{signal.Signals(signum).name} before the command started: nothing was started"
+    _say(message)
+    out.event("error", message=message)
+    return ExecExit.INTERRUPTED if signum == signal.SIGINT else ExecExit.SIGNAL_BASE + signum
+
+
+async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterator[int],
+                        watching: anyio.CancelScope) -> int:
+    """Open the session and stream it to its end; ``watching`` is cancelled once it is open,
+    so that from then on signals are the session's (forwarded)."""
     stdin_tty = os.isatty(0)
     pty = options.pty if options.pty is not None else stdin_tty
-    out = Output(options.json)
     size = terminal.window_size(0 if stdin_tty else 1)
     session_id = options.attach
-    with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
-        try:
-            async with _open_session(options, pty, size, out, signals) as session:
-                session_id = session.id
-                pty = session.pty if session.pty is not None else pty
-                raw = pty and stdin_tty and not options.json
-                detach = (DetachKey(options.detach_key) if raw and session.id is not None
-                          and options.detach_key else None)
-                with terminal.raw_mode(0) if raw else contextlib.nullcontext():
-                    return await _stream(session, out, pty, raw, signals, detach)
-        except Detached as exc:  # told once the terminal is back to normal
-            if exc.reason == STOLEN:
-                _say("another client took the session over")
-            _tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
-            return ExecExit.DETACHED
-        except ExecFailure as exc:
-            (_tell if exc.told else _say)(str(exc))
-            out.event("error", **exc.members)
-            return exc.code
-        except (ConnectionLost, RemoteProtocolError) as exc:
-            if session_id is not None:
-                _say(f"{exc}; the session goes on: ttyserve attach {session_id}")
-            else:
-                _say(f"{exc}; the exit status is unknown (the command may have run: not "
-                     "retried)")
-            return ExecExit.FAILURE
+    opened = False
+    try:
+        async with _open_session(options, pty, size, out) as session:
+            watching.cancel()
+            opened = True
+            session_id = session.id
+            pty = session.pty if session.pty is not None else pty
+            raw = pty and stdin_tty and not options.json
+            detach = (DetachKey(options.detach_key) if raw and session.id is not None
+                      and options.detach_key else None)
+            with terminal.raw_mode(0) if raw else contextlib.nullcontext():
+                return await _stream(session, out, pty, raw, signals, detach)
+    except Detached as exc:  # told once the terminal is back to normal
+        if exc.reason == STOLEN:
+            _say("another client took the session over")
+        _tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+        return ExecExit.DETACHED
+    except ExecFailure as exc:
+        (_tell if exc.told else _say)(str(exc))
+        out.event("error", **exc.members)
+        return exc.code
+    except (ConnectionLost, RemoteProtocolError) as exc:
+        if session_id is not None:
+            _say(f"{exc}; the session goes on: ttyserve attach {session_id}")
+        elif not opened and isinstance(exc, RemoteProtocolError):
+            _say(f"{exc}; nothing ran")
+            out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
+                                  "message": str(exc)})
+        else:
+            _say(f"{exc}; the exit status is unknown (the command may have run: not "
+                 "retried)")
+        return ExecExit.FAILURE
     raise AssertionError("unreachable")
 
 

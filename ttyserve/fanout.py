@@ -34,7 +34,7 @@ from .errors import (
     ProtocolError,
     RemoteProtocolError,
     RequestError,
-    SessionCancelled,
+    TargetFailure,
     TtyserveError,
 )
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
@@ -43,16 +43,10 @@ from .retry import backoff, retriable
 from .settings import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 
 EVENT_BUFFER = 64  # events waiting for the consumer before targets wait for it
-LOST = "lost"  # failure class: the connection ended after the command started
-UNREACHABLE = "unreachable"  # failure class: the address could not be connected to
-CANCELLED = "cancelled"  # failure class: the fan-out was cancelled before it ended
-PROTOCOL_ERROR = "protocol_error"  # failure class: the far side broke the protocol
-WAIT_FAILED = "wait_failed"  # failure class: the far side could not learn the status
-NO_RESOURCES = "no_resources"  # failure class: this machine ran out of descriptors or memory
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
-# descriptors one running target holds here at most: its carrier's three pipes (six ends
-# while it starts, and subprocess's own pipe) and its exit watch
-FDS_PER_TARGET = 8
+# descriptors one running target holds here: its carrier's three pipe ends and its exit
+# watch (starting one takes four more for a moment; carriers start one at a time)
+FDS_PER_TARGET = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +82,7 @@ class TargetResult:
             return f"exit {self.exit_code}"
         if self.exit_code != ExecExit.FAILURE:  # a spawn failure counts as the shell's 126/127
             return f"exit {self.exit_code}"
-        return f"failed: {self.failure or WAIT_FAILED}"
+        return f"failed: {self.failure or TargetFailure.WAIT_FAILED}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +133,13 @@ def failure_class(error: BaseException) -> str:
     if isinstance(error, RequestError):
         return str(error.code)
     if isinstance(error, ProtocolError):
-        return PROTOCOL_ERROR
+        return TargetFailure.PROTOCOL_ERROR
     if isinstance(error, ConnectionLost):
-        return LOST
+        return TargetFailure.LOST
     if isinstance(error, OSError):
         short = isinstance(error, OutOfResources) or error.errno in RESOURCE_ERRNOS
-        return NO_RESOURCES if short else UNREACHABLE
-    return CANCELLED
+        return TargetFailure.NO_RESOURCES if short else TargetFailure.UNREACHABLE
+    return TargetFailure.CANCELLED
 
 
 @dataclass(frozen=True)
@@ -216,22 +210,31 @@ class FanOut:
         async def carrier_line(line: bytes) -> None:
             await send.send(CarrierLine(name, line))
 
-        async with connect(address, token=job.token, tls=job.tls,
-                           remote_command=job.remote_command,
-                           carrier_stderr=carrier_line) as conn:
-            session = await conn.spawn(job.argv, pty=False, env=job.env, cwd=job.cwd)
-            self.running[name] = session
-            await send.send(Opened(name, session.pid))
-            try:
+        result: TargetResult | None = None
+        opened = False
+        try:
+            async with connect(address, token=job.token, tls=job.tls,
+                               remote_command=job.remote_command,
+                               carrier_stderr=carrier_line) as conn:
+                session = await conn.spawn(job.argv, pty=False, env=job.env, cwd=job.cwd)
+                self.running[name] = session
+                opened = True
+                await send.send(Opened(name, session.pid))
                 await session.eof()
                 async for chunk in session:
                     await send.send(Output(name, chunk.stream, chunk.data))
-            except (ConnectionLost, RemoteProtocolError, SessionCancelled) as exc:
+                assert session.status is not None
+                status = session.status
+                failure = TargetFailure.WAIT_FAILED if status.error is not None else None
+                result = TargetResult(name, status=status, failure=failure)
+        except (TtyserveError, OSError) as exc:
+            if result is not None:
+                return result  # the exit arrived; only the way out failed
+            if opened:  # the command started: never retried, whatever happened
                 return TargetResult(name, failure=failure_class(exc), error=exc)
-            assert session.status is not None
-            status = session.status
-            failure = WAIT_FAILED if status.error is not None else None
-            return TargetResult(name, status=status, failure=failure)
+            raise
+        assert result is not None
+        return result
 
 
 def resolve_targets(targets: Sequence[str | Address]) -> list[tuple[str, Address]]:
@@ -308,6 +311,7 @@ async def run_many(
             elif isinstance(event, CarrierLine):
                 captured.setdefault("carrier", []).append(event.line + b"\n")
             elif isinstance(event, Finished):
+                captured = outputs.pop(event.target, {})
                 results[event.target] = replace(
                     event.result, stdout=b"".join(captured.get("stdout", [])),
                     stderr=b"".join(captured.get("stderr", [])),

@@ -17,7 +17,7 @@ import anyio
 
 from .addresses import Address
 from .credentials import tls_context
-from .errors import CarrierError, ConfigError, RequestError
+from .errors import CarrierError, ConfigError, RequestError, TargetFailure
 from .exec_cmd import (
     FORWARDED,
     ExecOptions,
@@ -28,7 +28,6 @@ from .exec_cmd import (
 )
 from .exitcodes import ExecExit
 from .fanout import (
-    CANCELLED,
     FDS_PER_TARGET,
     CarrierLine,
     Event,
@@ -72,9 +71,10 @@ class Progress:
             self.shown = False
 
     def refresh(self, now: float | None = None) -> None:
-        """Draw it again if it is not on screen, at most every PROGRESS_EVERY."""
+        """Draw it again, at most every PROGRESS_EVERY (the ticker draws it after writes
+        that took it away, so a stream of output does not redraw it after every line)."""
         now = time.monotonic() if now is None else now
-        if not self.enabled or (self.shown and now - self._drawn_at < PROGRESS_EVERY):
+        if not self.enabled or now - self._drawn_at < PROGRESS_EVERY:
             return
         text = (f"ttyserve: {self.done} done, {self.running} running, {self.failed} failed, "
                 f"of {self.total}")
@@ -129,13 +129,14 @@ def _explain(result: TargetResult) -> str:
     return f"{result.failure}: {result.status.error}"
 
 
-def _error_members(result: TargetResult) -> dict[str, object]:
+def _error_members(result: TargetResult, opened: bool) -> dict[str, object]:
     error = result.error
     if isinstance(error, CarrierError):
         return carrier_members(error)
     if isinstance(error, RequestError):
         return {"class": result.failure, **error_members(error_message(error))}
-    may_retry = retriable(error)[0] if error is not None else False
+    # once its command started, a target is never retriable: it may have run
+    may_retry = not opened and error is not None and retriable(error)[0]
     return {"class": result.failure, "retriable": may_retry, "message": _explain(result)}
 
 
@@ -162,13 +163,14 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
     elif isinstance(event, Finished):
         result = results[target] = event.result
         screen.flush(target)
-        if target in progress.opened:
+        opened = target in progress.opened
+        if opened:
             progress.opened.discard(target)
             progress.running -= 1
         if result.failure is not None:  # said as it happens; the summary repeats the class
             screen.write(2, _tell(f"{target}: {_explain(result)}"))
             if result.status is None:
-                out.event("error", target=target, **_error_members(result))
+                out.event("error", target=target, **_error_members(result, opened))
         if result.status is not None:
             out.event("exit", target=target, **exit_members(result.status))
         if result.summary.startswith("failed"):
@@ -209,6 +211,7 @@ async def _fan_out(options: ExecOptions, targets: list[tuple[str, Address]],
     screen = Screen(Output(options.json), progress)
     results: dict[str, TargetResult] = {}
     interrupted: list[bool] = []
+    stdout_closed = False
     with anyio.open_signal_receiver(*FORWARDED) as signals, anyio.CancelScope() as cancel:
         async with fan_out(options.argv, [name for name, _ in targets],
                            parallel=parallel, env=options.env, cwd=options.cwd,
@@ -219,17 +222,22 @@ async def _fan_out(options: ExecOptions, targets: list[tuple[str, Address]],
             if progress.enabled:
                 tg.start_soon(_ticker, progress)
             progress.refresh()
-            async for event in fan:
-                _show(event, screen, results)
+            try:
+                async for event in fan:
+                    _show(event, screen, results)
+            except BrokenPipeError:  # our stdout was closed (`| head`): stop every target
+                stdout_closed = True
             tg.cancel_scope.cancel()
     progress.erase()
     codes = []
     for name, _ in targets:
-        result = results.get(name) or TargetResult(name, failure=CANCELLED)
+        result = results.get(name) or TargetResult(name, failure=TargetFailure.CANCELLED)
         codes.append(result.exit_code)
         write_all(2, _tell(f"{name}: {result.summary}"))
     if cancel.cancel_called:
         return ExecExit.INTERRUPTED
+    if stdout_closed:
+        return ExecExit.SIGNAL_BASE + signal.SIGPIPE  # as `exec` with one target says it
     return max(codes)
 
 

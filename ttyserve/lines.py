@@ -16,16 +16,23 @@ def write_all(fd: int, data: bytes) -> None:
 
 class LineBuffer:
     """Bytes in, whole lines out (without their newline). What is held is at most
-    MAX_LINE bytes: a longer line is cut, so memory stays bounded whatever comes."""
+    ``max_line`` bytes: a longer line is cut, so memory stays bounded whatever comes."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = MAX_LINE) -> None:
         self._pending = b""
+        self._max = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
+        """The lines ``data`` completes; every line is cut at each MAX_LINE bytes from its
+        start, so the lines are the same however the stream was split."""
+        most = self._max
         *lines, pending = (self._pending + data).split(b"\n")
-        while len(pending) > MAX_LINE:
-            lines.append(pending[:MAX_LINE])
-            pending = pending[MAX_LINE:]
+        if any(len(line) > most for line in lines):
+            lines = [line[at:at + most] for line in lines
+                     for at in range(0, len(line) or 1, most)]
+        while len(pending) > most:
+            lines.append(pending[:most])
+            pending = pending[most:]
         self._pending = pending
         return lines
 

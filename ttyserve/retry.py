@@ -5,14 +5,13 @@ from __future__ import annotations
 import errno
 import random
 
-from .errors import CarrierError, ConnectionLost, RequestError
+from .errors import CarrierError, ConnectionLost, OutOfResources, RequestError
 
 BACKOFF_BASE = 0.1  # seconds before the first retry; doubles each time, with jitter
 BACKOFF_CAP = 5.0
 _RETRIABLE_ERRNOS = frozenset({
     errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOENT, errno.ETIMEDOUT, errno.EAGAIN,
     errno.ECONNABORTED, errno.EPIPE,
-    errno.EMFILE, errno.ENFILE,  # out of descriptors: other targets will give theirs back
 })
 RETRIED = (OSError, RequestError, ConnectionLost, CarrierError)  # what may be retried at all
 
@@ -24,6 +23,8 @@ def retriable(exc: BaseException) -> tuple[bool, float | None]:
         return exc.retriable, hint / 1000 if hint is not None else None
     if isinstance(exc, CarrierError):
         return exc.retriable, None
+    if isinstance(exc, OutOfResources):
+        return True, None  # other targets give theirs back
     if isinstance(exc, OSError):
         return exc.errno in _RETRIABLE_ERRNOS or isinstance(exc, TimeoutError), None
     return isinstance(exc, ConnectionLost), None

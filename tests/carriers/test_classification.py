@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,9 +105,12 @@ def test_real_far_side_config_error_is_config() -> None:
     assert "TTYSERVE_MAX_SESSIONS" in result.stderr  # the far side's own words, shown
 
 
-def test_real_far_side_without_stdio_support_is_usage() -> None:
-    result = run_exec("--remote-command", REMOTE, "--via", "env TTYSERVE_LISTEN=unix:/x")
-    check_report(result, "via:env TTYSERVE_LISTEN=unix:/x", CarrierFailure.USAGE)
+def test_real_far_side_that_refuses_the_invocation_is_usage() -> None:
+    # the far side is run as `REMOTE serve --stdio --listen unix:/x`: a real usage error
+    via = """sh -c 'exec "$0" "$@" --listen unix:/x'"""
+    result = run_exec("--remote-command", REMOTE, "--via", via)
+    check_report(result, f"via:{via}", CarrierFailure.USAGE)
+    assert "--stdio serves stdin and stdout: it takes no --listen" in result.stderr
 
 
 def test_real_far_side_whose_journal_is_held_is_lease(short_dir: Path) -> None:
@@ -143,3 +148,29 @@ def test_a_far_side_that_prints_before_the_protocol_is_named(tmp_path: Path) -> 
     assert result.returncode == ExecExit.FAILURE
     assert "the far side began with b'Welcome to " in result.stderr
     assert "not the protocol" in result.stderr
+
+
+def test_an_interrupt_while_the_carrier_connects_ends_it_and_runs_nothing(
+        tmp_path: Path) -> None:
+    """Ctrl-C while ssh still connects: exec ends at once, the carrier with it, and the
+    interrupt is not kept for the command (it never starts)."""
+    pid_file = tmp_path / "carrier.pid"
+    ran = tmp_path / "ran"
+    script, _ = carrier_script(tmp_path, "slow", f"echo $$ > {pid_file}\nexec sleep 30")
+    client = subprocess.Popen(
+        ttyserve_command("exec", "--via", str(script), "--", "touch", str(ran)),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert client.stderr is not None
+    assert b"carrier slow speaking" in client.stderr.readline()
+    started = time.monotonic()
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=20)
+    assert client.returncode == ExecExit.INTERRUPTED, err
+    assert time.monotonic() - started < 3
+    assert b"SIGINT before the command started: nothing was started" in err
+    carrier = int(pid_file.read_text())
+    deadline = time.monotonic() + 5  # once we are gone, init reaps what we ended
+    while Path(f"/proc/{carrier}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{carrier}").exists()
+    assert not ran.exists()

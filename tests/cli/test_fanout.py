@@ -186,12 +186,28 @@ def test_parallel_is_bounded_by_the_descriptors_this_process_may_open(tmp_path: 
                          "--", "sh", "-c", script),
         capture_output=True, timeout=60, preexec_fn=hundred_descriptors)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
-    assert "may open 100 (ulimit -n): running at most 4 at once" in result.stderr.decode()
+    assert "may open 100 (ulimit -n): running at most 9 at once" in result.stderr.decode()
     running = peak = 0
     for event in log.read_text().splitlines():
         running += 1 if event.startswith("start") else -1
         peak = max(peak, running)
-    assert 1 <= peak <= 4
+    assert 1 <= peak <= 9
+
+
+def test_a_target_lost_after_it_started_is_never_retried(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    # The far side's serve is the command's parent: killing it loses the connection.
+    script = f'echo "ran $A" >> {runs}; case $A in 1) kill -9 $PPID; sleep 5;; esac'
+    result = fan("--json", "--retries", "2", "--", "sh", "-c", script, connect=targets(2))
+    assert result.returncode == ExecExit.FAILURE, result.stderr
+    assert sorted(runs.read_text().splitlines()) == ["ran 1", "ran 2"]  # once each
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    [error] = [event for event in events if event["event"] == "error"]
+    assert (error["target"], error["class"], error["retriable"]) == ("via:env A=1", "lost",
+                                                                      False)
+    assert "retrying" not in result.stderr.decode()
+    assert summaries(result.stderr) == ["ttyserve: via:env A=1: failed: lost",
+                                        "ttyserve: via:env A=2: exit 0"]
 
 
 def test_json_events_carry_their_target() -> None:
