@@ -210,6 +210,19 @@ def test_a_target_lost_after_it_started_is_never_retried(tmp_path: Path) -> None
                                         "ttyserve: via:env A=2: exit 0"]
 
 
+def test_a_closed_stdout_stops_every_target_and_exits_141() -> None:
+    given = [arg for target in targets(2) for arg in ("--connect", target)]
+    client = subprocess.Popen(
+        ttyserve_command("exec", "--remote-command", REMOTE, *given, "--", "yes"),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert client.stdout is not None and client.stderr is not None
+    assert client.stdout.readline().endswith(b": y\n")
+    client.stdout.close()  # as `| head -1` does
+    err = client.stderr.read()
+    assert client.wait(timeout=30) == ExecExit.SIGNAL_BASE + signal.SIGPIPE, err
+    assert len(summaries(err)) == 2 and b"Traceback" not in err
+
+
 def test_json_events_carry_their_target() -> None:
     result = fan("--json", "--", "sh", "-c", "echo hi $A; exit $A", connect=targets(2))
     assert result.returncode == 2
