@@ -23,10 +23,10 @@ import anyio.abc
 
 from .addresses import Address
 from .backends.watch import open_exit_watch
+from .defaults import DEFAULT_REMOTE_COMMAND
 from .errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
 from .exitcodes import ExecExit, ServeExit, signal_name
 from .lines import LineBuffer, write_all
-from .settings import DEFAULT_REMOTE_COMMAND
 from .transport import PipeTransport
 
 STDIO_ARGUMENTS = ("serve", "--stdio")

@@ -7,12 +7,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import config
 from .addresses import Address, default_address, parse_address
 from .credentials import read_token
+from .defaults import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 from .errors import AddressError, ConfigError, UsageError
 from .exitcodes import ExecExit, ServeExit
-from .settings import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 from .terminal import DEFAULT_DETACH_KEY, parse_key
 from .version import __version__
 
@@ -63,7 +62,9 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def build_parser() -> _Parser:
+def build_parser(command: str | None = None) -> _Parser:
+    """The whole parser; given the ``command`` being run, only that command's flags (the
+    others' help lines stay), so that `exec` never imports what `serve` needs."""
     parser = _Parser(prog="ttyserve", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"ttyserve {__version__}")
     commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser,
@@ -71,7 +72,10 @@ def build_parser() -> _Parser:
     parser.subcommands = commands.choices
 
     serve = commands.add_parser("serve", help="run the server")
-    config.add_arguments(serve)
+    if command in (None, "serve"):
+        from . import config
+
+        config.add_arguments(serve)
 
     run = commands.add_parser("exec", help="run a command on a server, or on many")
     run.usage_exit = ExecExit.FAILURE
@@ -210,6 +214,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, Address]]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from . import config
     from .serve_cmd import serve_main
 
     try:
@@ -280,8 +285,10 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv``; a usage error exits with its subcommand's code (`exec`: 255)."""
-    parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args, extras = parser.parse_known_args(words)
     if extras:
         # argparse leaves a subcommand's unknown flags to the top-level parser, which
         # would exit 2: the subcommand reports them, with its own usage and exit code.
@@ -293,3 +300,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
     handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions}
     sys.exit(handlers[args.subcommand](args))
+
+
+COMMANDS = ("serve", "exec", "attach", "sessions")

@@ -19,15 +19,15 @@ import math
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .addresses import Address, default_address, parse_address
-from .carrier import Carrier, StderrLine, run_carrier, show_on_stderr
 from .credentials import tls_context
+from .defaults import DEFAULT_REMOTE_COMMAND
 from .dial import open_transport
 from .errors import (
     CarrierError,
@@ -76,9 +76,11 @@ from .protocol.messages import (
     Welcome,
     request_error,
 )
-from .settings import DEFAULT_REMOTE_COMMAND
 from .transport import Transport, send_all
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .carrier import Carrier, StderrLine
 
 READ_SIZE = 1 << 20
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
@@ -295,6 +297,7 @@ class Connection:
         self._listings: list[tuple[list[Sessions | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
         self._failure: Exception | None = None
+        self._failed = anyio.Event()  # set with _failure
 
     @property
     def welcome(self) -> Welcome | None:
@@ -371,13 +374,20 @@ class Connection:
         try:
             self._outbox.push([data])
         except anyio.BrokenResourceError:
+            if self._early_carrier_end():
+                await self._failed.wait()
+                self._raise_failure()
             raise ConnectionLost("the connection is closed") from None
         await self._outbox.wait_for_room()
 
+    def _early_carrier_end(self) -> bool:
+        """A carrier that broke before `welcome`: the read loop sees its stdout close and
+        fails the connection with its class (a send that broke first must not say less)."""
+        return self._carrier is not None and self._core.welcome is None
+
     def _send_failed(self) -> None:
-        if self._carrier is not None and self._core.welcome is None:
-            return  # the carrier ended: the read loop sees its stdout close and classifies it
-        self._fail(ConnectionLost("send failed: the connection broke"))
+        if not self._early_carrier_end():
+            self._fail(ConnectionLost("send failed: the connection broke"))
 
     async def _read_loop(self) -> None:
         core = self._core
@@ -406,7 +416,9 @@ class Connection:
                     "not the protocol (does a shell startup file print something?)", exc.code)
             self._fail(exc)
         finally:
-            failure = self._failure or ConnectionLost("the connection was closed here")
+            self._fail(ConnectionLost("the connection was closed here"))  # if nothing else
+            failure = self._failure
+            assert failure is not None
             for session in list(self._sessions.values()):
                 session._lost = failure  # raised once what was received is taken
                 session._send.close()
@@ -475,6 +487,7 @@ class Connection:
     def _fail(self, exc: Exception) -> None:
         if self._failure is None:
             self._failure = exc
+            self._failed.set()
         for waiter, done in self._listings:
             waiter.append(self._failure)
             done.set()
@@ -529,6 +542,8 @@ async def connect(
     async with contextlib.AsyncExitStack() as stack:
         carrier: Carrier | None = None
         if addr.carried:
+            from .carrier import run_carrier, show_on_stderr  # subprocess only for carriers
+
             carrier = await stack.enter_async_context(run_carrier(
                 addr, carrier_stderr or show_on_stderr(str(addr)), remote_command))
             transport: Transport = carrier.transport

@@ -18,11 +18,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .backends.kinds import BackendKind
-from .errors import ConfigError, UsageError
-from .policy import DEFAULT_MAX_ARGV_BYTES, DEFAULT_MAX_CWD_BYTES, DEFAULT_MAX_ENV_BYTES
-from .protocol.frames import DEFAULT_MAX_FRAME
-from .protocol.messages import ChannelCredit
-from .settings import (
+from .defaults import (
     DEFAULT_DETACHED_TIMEOUT,
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_LINGER,
@@ -31,8 +27,12 @@ from .settings import (
     DEFAULT_MAX_SESSIONS_PER_CONNECTION,
     DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_STDIN_WINDOW,
 )
+from .errors import ConfigError, UsageError
+from .policy import DEFAULT_MAX_ARGV_BYTES, DEFAULT_MAX_CWD_BYTES, DEFAULT_MAX_ENV_BYTES
+from .protocol.frames import DEFAULT_MAX_FRAME
+from .protocol.messages import ChannelCredit
+from .protocol.server import DEFAULT_STDIN_WINDOW
 
 ENV_PREFIX = "TTYSERVE_"
 Positive = Annotated[int, msgspec.Meta(ge=1)]

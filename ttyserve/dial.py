@@ -11,7 +11,6 @@ import anyio.abc
 
 from .addresses import Address
 from .transport import SocketTransport, StreamTransport, Transport
-from .web.websocket import open_client
 
 
 async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
@@ -53,6 +52,8 @@ async def open_transport(address: Address, tls: ssl.SSLContext | None = None) ->
         if not address.web:
             return StreamTransport(stream)
         try:
+            from .web.websocket import open_client  # h11 and wsproto only for ws: and wss:
+
             return await open_client(stream, address.netloc)
         except BaseException:
             with anyio.CancelScope(shield=True):

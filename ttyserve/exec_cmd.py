@@ -25,9 +25,9 @@ import anyio.abc
 
 from . import terminal
 from .addresses import Address
-from .carrier import show_on_stderr
 from .client import Session, connect
 from .credentials import tls_context
+from .defaults import DEFAULT_REMOTE_COMMAND
 from .errors import (
     CarrierError,
     ConfigError,
@@ -42,7 +42,6 @@ from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .lines import write_all
 from .protocol.messages import DEFAULT_TERM, STOLEN, Error, Exit, SignalName, error_message
 from .retry import RETRIED, backoff, retriable
-from .settings import DEFAULT_REMOTE_COMMAND
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
@@ -149,13 +148,18 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
             tls = tls_context("client", cafile=options.tls_ca)
         except ConfigError as exc:  # a bad CA file: no retry can help
             raise ExecFailure(ExecExit.FAILURE, str(exc)) from exc
+    carrier_stderr = None
+    if options.address.carried:
+        from .carrier import show_on_stderr  # subprocess only for carriers
+
+        carrier_stderr = show_on_stderr(options.target)
     for attempt in range(options.retries + 1):
         async with contextlib.AsyncExitStack() as stack:
             try:
                 conn = await stack.enter_async_context(connect(
                     options.address, token=options.token, tls=tls,
                     remote_command=options.remote_command,
-                    carrier_stderr=show_on_stderr(options.target)))
+                    carrier_stderr=carrier_stderr))
                 if options.attach is not None:
                     session = await conn.attach(options.attach, steal=options.steal,
                                                 rows=size[0], cols=size[1])

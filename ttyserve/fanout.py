@@ -26,6 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .addresses import Address, parse_address
 from .client import Session, connect
+from .defaults import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 from .errors import (
     CarrierError,
     ConnectionLost,
@@ -40,7 +41,6 @@ from .errors import (
 from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from .protocol.messages import Exit, SignalName
 from .retry import backoff, retriable
-from .settings import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
 
 EVENT_BUFFER = 64  # events waiting for the consumer before targets wait for it
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})

@@ -24,11 +24,11 @@ import anyio
 import anyio.abc
 
 from .backends.base import OutputSource, ProcessHandle, ProcessSpec
+from .defaults import DEFAULT_LINGER
 from .journal import Reason, now_rfc3339
 from .protocol.frames import FrameKind
 from .protocol.messages import STOLEN, Eof, Exit, Message, Resize, Signal
 from .scrollback import Scrollback
-from .settings import DEFAULT_LINGER
 
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
 READ_SIZE = 1 << 20  # the most one read takes while no client is attached (then one frame)

@@ -1,4 +1,4 @@
-"""What a server is told, and every default, in one place.
+"""What a server is told (its defaults are in defaults.py).
 
 `config.py` reads these from flags, environment and TOML; tests and embedding
 programs build `ServerSettings` directly.
@@ -9,20 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .auth import Access
+from .defaults import (
+    DEFAULT_DETACHED_TIMEOUT,
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_LINGER,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+    DEFAULT_SCROLLBACK,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+)
 from .policy import Policy
 from .protocol.frames import DEFAULT_MAX_FRAME
 from .protocol.server import DEFAULT_STDIN_WINDOW
-
-DEFAULT_LINGER = 2.0  # seconds of output drain after exit (the contract's default grace)
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds for the drain before the watchdog forces the end
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds for `hello` (and, single-session, `open`)
-DEFAULT_MAX_CONNECTIONS = 256
-DEFAULT_MAX_SESSIONS = 1024
-DEFAULT_MAX_SESSIONS_PER_CONNECTION = 64
-DEFAULT_SCROLLBACK = 1 << 20  # bytes of output a detachable session keeps (section 9)
-DEFAULT_DETACHED_TIMEOUT = 24 * 3600.0  # seconds a detached session waits for an attach
-DEFAULT_REMOTE_COMMAND = "ttyserve"  # what a carrier runs on the far side, with serve --stdio
-DEFAULT_PARALLEL = 32  # targets a fan-out runs on at once
 
 __all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_STDIN_WINDOW", "ServerSettings"]
 

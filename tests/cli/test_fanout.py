@@ -195,19 +195,31 @@ def test_parallel_is_bounded_by_the_descriptors_this_process_may_open(tmp_path: 
 
 
 def test_a_target_lost_after_it_started_is_never_retried(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    # The far side's serve is the command's parent: killing it loses the connection.
-    script = f'echo "ran $A" >> {runs}; case $A in 1) kill -9 $PPID; sleep 5;; esac'
-    result = fan("--json", "--retries", "2", "--", "sh", "-c", script, connect=targets(2))
-    assert result.returncode == ExecExit.FAILURE, result.stderr
+    runs, flag = tmp_path / "runs", tmp_path / "opened"
+    # Target 1's command waits until we have seen it open, then kills its far side (the
+    # serve that is its parent), so the connection is lost after `opened`, never before.
+    script = (f'echo "ran $A" >> {runs}; case $A in 1) echo up; '
+              f'while [ ! -e {flag} ]; do sleep 0.01; done; kill -9 $PPID; sleep 5;; esac')
+    given = [arg for target in targets(2) for arg in ("--connect", target)]
+    client = subprocess.Popen(
+        ttyserve_command("exec", "--remote-command", REMOTE, *given, "--json", "--retries",
+                         "2", "--", "sh", "-c", script),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert client.stdout is not None
+    events = []
+    for line in client.stdout:
+        events.append(json.loads(line))
+        if events[-1].get("target") == "via:env A=1" and events[-1]["event"] == "stdout":
+            flag.touch()
+    _, err = client.communicate(timeout=30)
+    assert client.returncode == ExecExit.FAILURE, err
     assert sorted(runs.read_text().splitlines()) == ["ran 1", "ran 2"]  # once each
-    events = [json.loads(line) for line in result.stdout.splitlines()]
     [error] = [event for event in events if event["event"] == "error"]
     assert (error["target"], error["class"], error["retriable"]) == ("via:env A=1", "lost",
                                                                       False)
-    assert "retrying" not in result.stderr.decode()
-    assert summaries(result.stderr) == ["ttyserve: via:env A=1: failed: lost",
-                                        "ttyserve: via:env A=2: exit 0"]
+    assert "retrying" not in err.decode()
+    assert summaries(err) == ["ttyserve: via:env A=1: failed: lost",
+                              "ttyserve: via:env A=2: exit 0"]
 
 
 def test_a_closed_stdout_stops_every_target_and_exits_141() -> None:

@@ -98,5 +98,6 @@ async def test_100000_short_sessions_leave_the_server_memory_flat(
                 assert message["type"] in ("opened", "window"), message
         rss_at_end = rss_kib(roomy_server.pid)
     assert codes == {0: total}
-    # 80,000 sessions after the warm-up: growth per session must be far below a byte.
-    assert rss_at_end - rss_after_warm_up < 2048, (rss_after_warm_up, rss_at_end)
+    # 80,000 sessions after the warm-up: one leaked object per session (56 bytes at the
+    # least, with its slot) would be 4.3 MiB; the allocator's own drift stays near 2 MiB.
+    assert rss_at_end - rss_after_warm_up < 4096, (rss_after_warm_up, rss_at_end)
