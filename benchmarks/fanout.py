@@ -436,6 +436,24 @@ def local_output(command: list[str]) -> list[bytes]:
     return lines
 
 
+def run_once(tool: str, targets: int, parallel: int, workdir: str,
+             command: str = "uname -n") -> float:
+    """One checked run of ``tool`` over ``targets`` simulated hosts, for `make bench`:
+    its wall time in seconds. Raises BenchmarkFailed, keeping nothing."""
+    argv = shlex.split(command)
+    directory = Path(tempfile.mkdtemp(prefix="fanout-", dir=workdir))
+    try:
+        setup = Setup(directory, targets, parallel, argv,
+                      str(Path(sys.executable).parent / "ttyserve"), shutil.which("pdsh"),
+                      local_output(argv))
+        stdout, stderr = directory / "out", directory / "err"
+        run = measure(setup.argv(tool), stdout, stderr, 60.0 + targets)
+        check(setup, tool, run, stdout, stderr)
+        return run.wall
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # --- the table ---------------------------------------------------------------------------
 
 METRICS: list[tuple[str, str]] = [

@@ -29,7 +29,15 @@ from . import procs
 from .peers import AsyncsshSystem, OpenSSHSystem
 from .server import serve_flags
 from .stats import Summary, cell, render_table
-from .systems import NotApplicable, RawSystem, System, TtyserveLibSystem, TtyserveSystem
+from .systems import (
+    NotApplicable,
+    PdshSystem,
+    RawSystem,
+    System,
+    TtyserveLibSystem,
+    TtyserveSystem,
+    TtyserveWsSystem,
+)
 from .workloads import ALL_SYSTEMS, BY_NAME, FULL, QUICK, WORKLOADS, Context, Workload
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -76,7 +84,8 @@ class WorkloadResult:
 def make_systems(names: list[str], workdir: str) -> list[System]:
     factories: dict[str, Callable[[str], System]] = {
         "raw": RawSystem, "ttyserve": TtyserveSystem, "ttyserve-lib": TtyserveLibSystem,
-        "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
+        "ttyserve-ws": TtyserveWsSystem, "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
+        "pdsh": PdshSystem,
     }
     return [factories[name](workdir) for name in names]
 
@@ -188,6 +197,33 @@ def as_json(results: dict[str, WorkloadResult], meta: dict[str, object]) -> dict
     return {"meta": meta, "workloads": workloads}
 
 
+REGRESSION = 0.15  # a median this much worse than the previous run's is flagged
+
+
+def compare(previous: dict[str, object], results: dict[str, WorkloadResult]) -> list[str]:
+    """Each median against the previous run's (same workload, metric and system): the
+    lines to print, a regression beyond REGRESSION marked so it is seen at a glance."""
+    lines: list[str] = []
+    before_all = previous.get("workloads")
+    if not isinstance(before_all, dict):
+        return lines
+    for name, result in results.items():
+        before = before_all.get(name, {}).get("metrics", {})
+        for metric in BY_NAME[name].metrics:
+            for system, runs in result.values.items():
+                old = before.get(metric.key, {}).get(system, {}).get("median")
+                if metric.key not in runs or not old:
+                    continue
+                new = Summary.of(runs[metric.key]).median
+                change = new / old - 1
+                worse = -change if metric.higher_is_better else change
+                mark = ("REGRESSION" if worse > REGRESSION else
+                        "better" if worse < -REGRESSION else "")
+                lines.append(f"{name:13} {metric.label:30} {system:13} {old:>10.4g} -> "
+                             f"{new:<10.4g} {change:+7.1%}  {mark}".rstrip())
+    return lines
+
+
 def machine() -> dict[str, object]:
     model = platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as file:
@@ -261,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"ttyserve serve flags in use: token={'--token-file' in serve_flags()}, "
             f"insecure={'--insecure' in serve_flags()}; RLIMIT_NOFILE={nofile}; "
             f"sizes={'quick' if args.quick else 'full'}")
-        for workload in selected:
+        for number, workload in enumerate(selected, 1):
             reps = args.reps or (2 if args.quick else workload.reps)
-            say(f"{workload.name}: {workload.title} ({reps} repetitions)")
+            say(f"[{number}/{len(selected)}, {time.monotonic() - began:.0f} s] "
+                f"{workload.name}: {workload.title} ({reps} repetitions)")
             try:
                 results[workload.name] = run_workload(workload, systems, ctx, reps, limit,
                                                       began + args.budget)
@@ -289,6 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
             "sizes": asdict(sizes), "transport": args.transport, "seconds": round(elapsed, 1),
             "skipped": skipped, "failed": failed, "machine": machine()}
+    previous: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        previous = json.loads(args.json.read_text())
+    changes = compare(previous, results)
+    if changes:
+        print()
+        meta_before = previous.get("meta")
+        when = meta_before.get("date", "?") if isinstance(meta_before, dict) else "?"
+        print(f"against the previous run ({args.json}, {when}); medians:")
+        print("\n".join(changes))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(as_json(results, meta), indent=2) + "\n")
     print(f"results: {args.json}")

@@ -77,6 +77,8 @@ class TtyserveServer:
         args = [sys.executable, "-m", "ttyserve", "serve",
                 "--listen", f"unix:{directory / 'ttyserve.sock'}",
                 "--listen", "tcp:127.0.0.1:0", "--command", "cat"]
+        if "--allow-origin" in flags:  # a ttyserve with web listeners: the WebSocket rows
+            args += ["--listen", "ws:127.0.0.1:0"]
         if "--insecure" in flags:
             args.append("--insecure")
         if "--token-file" in flags:
@@ -100,14 +102,16 @@ class TtyserveServer:
         self.dir = directory
         env = {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
         out_path, err_path = directory / "stdout", directory / "stderr"
+        arguments = self._arguments(directory)
+        listeners = arguments.count("--listen")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            self.process = subprocess.Popen(self._arguments(directory), stdin=subprocess.DEVNULL,
+            self.process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL,
                                             stdout=out, stderr=err, cwd=directory, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             lines = out_path.read_text(errors="replace").splitlines()
             found = [line.split(" ", 1)[1] for line in lines if line.startswith("listening ")]
-            if len(found) >= 2:
+            if len(found) >= listeners:
                 for address in found:
                     self.addresses[address.split(":", 1)[0]] = address
                 return

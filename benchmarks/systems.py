@@ -5,18 +5,22 @@ workloads time: stream a command's output, echo keystrokes, run short sessions,
 hold many sessions, stream through its command-line client. `raw` is the same
 work with no server in between; `ttyserve` is the server measured with the
 minimal blocking client (benchmarks/wire.py); `ttyserve-lib` is the same
-server through the project's anyio client library. The SSH peers live in
-peers.py.
+server through the project's anyio client library, and `ttyserve-ws` that
+library over the server's WebSocket listener; `pdsh` runs only the fan-out.
+The SSH peers live in peers.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import resource
 import shlex
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +30,11 @@ from . import procs
 from .procs import Usage
 from .server import TtyserveServer
 from .wire import WireSession
+
+try:
+    from ttyserve.errors import SessionDetached
+except ImportError:  # an older ttyserve, measured for comparison: no detachable sessions
+    SessionDetached = Exception  # type: ignore[misc,assignment]
 
 ECHO_MARKER = b"R"  # printed by the echo command once its terminal is raw
 WARMUP_ROUNDS = 10  # untimed keystrokes before the timed ones
@@ -133,6 +142,18 @@ class System:
     def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
         raise NotApplicable
 
+    def startup(self, transport: str) -> float:
+        """Seconds from starting a client to its exit, running `true`."""
+        return self.exec_stream(["true"], transport).seconds
+
+    def fanout(self, targets: int, parallel: int) -> float:
+        """Seconds to run one command on ``targets`` simulated hosts, ``parallel`` at once."""
+        raise NotApplicable
+
+    def reattach(self, ring: int) -> float:
+        """Seconds from `attach` to the last byte of a full ring of ``ring`` bytes."""
+        raise NotApplicable
+
 
 # --- raw: the same work with no server in between ----------------------------
 
@@ -228,6 +249,9 @@ class RawSystem(System):
         run = timed_subprocess(["sh", "-c", shlex.join(argv) + " | cat"])
         return ExecRun(run.seconds, None)
 
+    def startup(self, transport: str) -> float:
+        return timed_subprocess([sys.executable, "-c", "pass"]).seconds  # the interpreter's floor
+
 
 # --- ttyserve ------------------------------------------------------------------
 
@@ -316,16 +340,20 @@ class TtyserveSystem(System):
     def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
         return timed_subprocess(self.server.exec_command(transport, argv))
 
+    def fanout(self, targets: int, parallel: int) -> float:
+        from .fanout import run_once
+
+        return run_once("ttyserve", targets, parallel, self.server.workdir)
+
 
 class TtyserveLibSystem(TtyserveSystem):
     """The same server through the project's client library (anyio on asyncio)."""
 
     name = "ttyserve-lib"
 
-    def _connect(self, transport: str) -> Any:
+    def _connect(self, transport: str, **kwargs: Any) -> Any:
         from ttyserve.client import connect
 
-        kwargs: dict[str, Any] = {}
         if self.server.token is not None and "token" in inspect.signature(connect).parameters:
             kwargs["token"] = self.server.token
         return connect(self.server.address(transport), **kwargs)
@@ -401,3 +429,94 @@ class TtyserveLibSystem(TtyserveSystem):
 
     def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
         raise NotApplicable
+
+    def fanout(self, targets: int, parallel: int) -> float:
+        raise NotApplicable
+
+    def startup(self, transport: str) -> float:
+        """The library in a running program: connect, run `true`, learn its exit."""
+        import anyio
+
+        async def main() -> float:
+            start = now()
+            async with self._connect(transport) as conn:
+                status = await (await conn.spawn(["true"], pty=False)).wait()
+            if status.code != 0:
+                raise RuntimeError(f"true: exit {status}")
+            return now() - start
+
+        seconds: float = anyio.run(main, backend="asyncio")
+        return seconds
+
+    def reattach(self, ring: int) -> float:
+        import anyio
+
+        async def main() -> float:
+            async with self._connect("unix", multiplex=True) as conn:
+                # twice the ring, then quiet: the ring holds its newest `ring` bytes
+                session = await conn.spawn(["sh", "-c", f"head -c {2 * ring} /dev/zero; "
+                                            "echo; exec sleep 60"], pty=False, detachable=True)
+                got = 0
+                async for chunk in session:
+                    got += len(chunk.data)
+                    if got >= 2 * ring + 1:
+                        break
+                assert session.id is not None
+                await session.detach()
+                with contextlib.suppress(SessionDetached):
+                    async for _ in session:
+                        pass
+                start = now()
+                again = await conn.attach(session.id)
+                replayed = 0
+                while replayed < ring:
+                    chunk = await again.receive()
+                    if chunk is None:
+                        raise RuntimeError("the session ended during the replay")
+                    replayed += len(chunk.data)
+                seconds = now() - start
+                await again.cancel()
+            return seconds
+
+        seconds: float = anyio.run(main, backend="asyncio")
+        return seconds
+
+
+class TtyserveWsSystem(TtyserveLibSystem):
+    """The library over the server's `ws:` listener: the browser's carriage."""
+
+    name = "ttyserve-ws"
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        return super().stream(argv, pty, "ws")
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        return super().echo(argv, rounds, "ws")
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        raise NotApplicable
+
+    def startup(self, transport: str) -> float:
+        raise NotApplicable
+
+    def reattach(self, ring: int) -> float:
+        raise NotApplicable
+
+
+class PdshSystem(System):
+    """Debian's pdsh, its `exec` module running the command locally per host."""
+
+    name = "pdsh"
+
+    def unavailable(self) -> str | None:
+        if shutil.which("pdsh") is None:
+            return "pdsh is not installed (apt-get install pdsh)"
+        return None
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+
+    def fanout(self, targets: int, parallel: int) -> float:
+        from .fanout import run_once
+
+        return run_once("pdsh", targets, parallel, self.workdir)

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 
 from .addresses import Address
-from .transport import SocketTransport, StreamTransport, Transport
+from .transport import SocketByteStream, SocketTransport, StreamTransport, Transport
 
 
 async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
@@ -46,7 +46,7 @@ async def open_transport(address: Address, tls: ssl.SSLContext | None = None) ->
                     ssl_context=tls or ssl.create_default_context(),
                     tls_standard_compatible=False)
             else:
-                stream = await anyio.connect_tcp(address.host, address.port)
+                stream = SocketByteStream(await _connect_tcp(address.host, address.port))
         except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise ConnectionResetError(f"the TLS handshake was cut off: {exc}") from exc
         if not address.web:
@@ -59,11 +59,16 @@ async def open_transport(address: Address, tls: ssl.SSLContext | None = None) ->
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             raise
-    infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    return SocketTransport(await _connect_tcp(address.host, address.port))
+
+
+async def _connect_tcp(host: str, port: int) -> socket.socket:
+    """The first of ``host``'s addresses that takes a connection."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
     for family, _type, _proto, _name, sockaddr in infos:
         try:
-            return SocketTransport(await _connect_socket(family, sockaddr))
+            return await _connect_socket(family, sockaddr)
         except OSError as exc:
             error = exc
-    raise error or OSError(f"cannot resolve {address.host}")
+    raise error or OSError(f"cannot resolve {host}")

@@ -29,7 +29,7 @@ from .journal import Journal
 from .protocol.server import ServerConnection
 from .registry import SessionRegistry, busy
 from .settings import ServerSettings
-from .transport import SocketTransport, StreamTransport, Transport, send_all
+from .transport import SocketByteStream, SocketTransport, StreamTransport, Transport, send_all
 from .web.http import FrontDoor
 
 log = logging.getLogger("ttyserve")
@@ -214,12 +214,14 @@ class Server:
         stream: anyio.abc.ByteStream | None = None
         with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
             try:
-                stream = await anyio.abc.SocketStream.from_socket(sock)
                 if listener.encrypted:
+                    stream = await anyio.abc.SocketStream.from_socket(sock)
                     assert self.tls is not None
                     stream = await TLSStream.wrap(stream, server_side=True,
                                                   ssl_context=self.tls,
                                                   standard_compatible=False)
+                else:
+                    stream = SocketByteStream(sock)
             except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 log.info("%s: TLS handshake failed: %s", peer, exc)
             else:

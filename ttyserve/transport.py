@@ -180,6 +180,27 @@ class PipeTransport:
         self.read_fd = self.write_fd = None
 
 
+class SocketByteStream(anyio.abc.ByteStream):
+    """An anyio byte stream straight on a non-blocking socket (our SocketTransport): what
+    wsproto and h11 run on for plain `ws:`. Unlike anyio's asyncio stream, it does not
+    stop at 64 KiB of write buffer and wait for it to drain, once per message."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.transport = SocketTransport(sock)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self.transport.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await send_all(self.transport, item)
+
+    async def send_eof(self) -> None:
+        await self.transport.send_eof()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
 class StreamTransport:
     """Any anyio byte stream (used for TLS): no fast path, no half-close."""
 

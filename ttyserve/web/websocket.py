@@ -138,7 +138,7 @@ class WebSocketTransport:
             if end is None:
                 self._tail += buffer
                 continue
-            message = bytes(self._tail) + bytes(memoryview(buffer)[:end])
+            message = bytes(self._tail) + memoryview(buffer)[:end]  # one copy of the payload
             self._tail[:] = memoryview(buffer)[end:]
             await self._send_event(BytesMessage(data=message))
         return size
