@@ -468,8 +468,10 @@ class TtyserveLibSystem(TtyserveSystem):
                         pass
                 start = now()
                 again = await conn.attach(session.id)
-                replayed = 0
-                while replayed < ring:
+                replayed, held = 0, got - again.dropped  # the ring keeps whole 64 KiB pieces
+                if held < ring * 0.9:
+                    raise RuntimeError(f"the ring held {held} bytes, not about {ring}")
+                while replayed < held:
                     chunk = await again.receive()
                     if chunk is None:
                         raise RuntimeError("the session ended during the replay")
