@@ -89,7 +89,7 @@ class TtyserveServer:
                 file.write(self.token + "\n")
             self.token_file = str(token_path)
             args += ["--token-file", self.token_file]
-        for flag in ("--max-connections", "--max-sessions"):
+        for flag in ("--max-connections", "--max-sessions", "--max-sessions-per-connection"):
             if flag in flags:
                 args += [flag, str(LIMIT)]
         if "--shutdown-timeout" in flags:

@@ -150,6 +150,12 @@ class System:
         """Seconds to run one command on ``targets`` simulated hosts, ``parallel`` at once."""
         raise NotApplicable
 
+    def scale_pipes(self, connections: int, per_connection: int, rounds: int,
+                    probe: Probe) -> ScaleRun:
+        """``connections`` x ``per_connection`` `cat` sessions in pipe mode held at once on
+        multiplexed connections; line echo through the last one opened."""
+        raise NotApplicable
+
     def reattach(self, ring: int) -> float:
         """Seconds from `attach` to the last byte of a full ring of ``ring`` bytes."""
         raise NotApplicable
@@ -482,6 +488,38 @@ class TtyserveLibSystem(TtyserveSystem):
 
         seconds: float = anyio.run(main, backend="asyncio")
         return seconds
+
+
+    def scale_pipes(self, connections: int, per_connection: int, rounds: int,
+                    probe: Probe) -> ScaleRun:
+        import anyio
+
+        async def main() -> ScaleRun:
+            async with contextlib.AsyncExitStack() as stack:
+                start = now()
+                sessions = []
+                for _ in range(connections):
+                    conn = await stack.enter_async_context(
+                        self._connect("unix", multiplex=True))
+                    for _ in range(per_connection):
+                        sessions.append(await conn.spawn(["cat"], pty=False))
+                opened = now() - start
+                usage = probe()
+                last, latencies = sessions[-1], []
+                for index in range(WARMUP_ROUNDS + rounds):
+                    begin = now()
+                    await last.send(b"x\n")
+                    chunk = await last.receive()
+                    if chunk is None or chunk.data != b"x\n":
+                        raise RuntimeError("the echo came back wrong")
+                    if index >= WARMUP_ROUNDS:
+                        latencies.append(now() - begin)
+                for session in sessions:
+                    await session.cancel()
+            return ScaleRun(opened, usage, latencies)
+
+        result: ScaleRun = anyio.run(main, backend="asyncio")
+        return result
 
 
 class TtyserveWsSystem(TtyserveLibSystem):

@@ -34,14 +34,18 @@ class Sizes:
     scale_rounds: int
     exec_bytes: int
     fanout_targets: int
+    pipe_connections: int
+    pipe_per_connection: int
 
 
 FULL = Sizes(pty_bytes=100_000_000, pipe_bytes=1 << 30, echo_rounds=2000, sessions=200,
              scale_sessions=1000, scale_rounds=500, exec_bytes=1 << 30,
-             fanout_targets=100)
+             fanout_targets=100, pipe_connections=40,
+             pipe_per_connection=100)
 QUICK = Sizes(pty_bytes=8_000_000, pipe_bytes=64 << 20, echo_rounds=200, sessions=20,
               scale_sessions=50, scale_rounds=50, exec_bytes=64 << 20,
-              fanout_targets=8)
+              fanout_targets=8, pipe_connections=4,
+              pipe_per_connection=10)
 
 
 @dataclass
@@ -244,6 +248,26 @@ def measure_client_cost(system: System, ctx: Context) -> dict[str, float]:
     return values
 
 
+# --- 5b. Scale, pipe sessions on multiplexed connections ------------------------------
+
+
+def measure_scale_pipes(system: System, ctx: Context) -> dict[str, float]:
+    connections, per_connection = ctx.sizes.pipe_connections, ctx.sizes.pipe_per_connection
+    count = connections * per_connection
+    system.scale_pipes(1, 1, 1, probe=lambda: None)  # warm up
+    base = settled_usage(system)
+    run = system.scale_pipes(connections, per_connection, ctx.sizes.scale_rounds,
+                             probe=system.usage)
+    values = {"open_rate": count / run.open_seconds,
+              "echo_p50_ms": percentile(run.latencies, 50) * 1e3,
+              "echo_p99_ms": percentile(run.latencies, 99) * 1e3}
+    if run.usage is not None and base is not None:
+        values["fds_per_session"] = (run.usage.fds - base.fds) / count
+        if run.usage.rss_kib is not None and base.rss_kib is not None:
+            values["rss_kib_per_session"] = (run.usage.rss_kib - base.rss_kib) / count
+    return values
+
+
 # --- 7. Start-up -----------------------------------------------------------------------
 
 STARTUP_RUNS = 7  # per repetition; the median is kept
@@ -315,6 +339,16 @@ WORKLOADS = [
         [Target("rss_kib_per_session", "<=", 20), Target("echo_p50_ms", "<", 20)],
         ("raw", "ttyserve", "asyncssh", "openssh"), measure_scale, fresh_server_per_rep=True,
         reps=3),
+    Workload(
+        "scale_pipes", "Scale: 40 multiplexed connections x 100 `cat` sessions in pipe mode",
+        [Metric("rss_kib_per_session", "server RSS KiB/session"),
+         Metric("fds_per_session", "fds/session"),
+         Metric("echo_p50_ms", "last line echo p50 ms"),
+         Metric("echo_p99_ms", "last line echo p99 ms"),
+         Metric("open_rate", "opens/s", True)],
+        [Target("rss_kib_per_session", "<=", 20, system="ttyserve-lib"),
+         Target("echo_p50_ms", "<", 20, system="ttyserve-lib")],
+        ("ttyserve-lib",), measure_scale_pipes, fresh_server_per_rep=True, reps=3),
     Workload(
         "client_cost", "Client cost: a CLI client streaming head -c SIZE /dev/zero to /dev/null",
         [Metric("mbps", "MB/s", True), Metric("client_cpu_per_gb", "client CPU s/GB"),
