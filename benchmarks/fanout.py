@@ -443,8 +443,11 @@ def run_once(tool: str, targets: int, parallel: int, workdir: str,
     argv = shlex.split(command)
     directory = Path(tempfile.mkdtemp(prefix="fanout-", dir=workdir))
     try:
-        setup = Setup(directory, targets, parallel, argv,
-                      str(Path(sys.executable).parent / "ttyserve"), shutil.which("pdsh"),
+        beside = Path(sys.executable).parent / "ttyserve"
+        ttyserve = str(beside) if beside.exists() else shutil.which("ttyserve")
+        if ttyserve is None:
+            raise BenchmarkFailed("no ttyserve next to this Python or on PATH")
+        setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
                       local_output(argv))
         stdout, stderr = directory / "out", directory / "err"
         run = measure(setup.argv(tool), stdout, stderr, 60.0 + targets)

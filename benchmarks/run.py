@@ -41,6 +41,7 @@ from .systems import (
 from .workloads import ALL_SYSTEMS, BY_NAME, FULL, QUICK, WORKLOADS, Context, Workload
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+QUICK_RESULTS = RESULTS.with_name("latest-quick.json")
 
 
 class Timeout(Exception):
@@ -200,19 +201,25 @@ def as_json(results: dict[str, WorkloadResult], meta: dict[str, object]) -> dict
 REGRESSION = 0.15  # a median this much worse than the previous run's is flagged
 
 
-def compare(previous: dict[str, object], results: dict[str, WorkloadResult]) -> list[str]:
+def _member(value: object, *keys: str) -> object:
+    """value[keys[0]][keys[1]]..., or None where a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def compare(previous: object, results: dict[str, WorkloadResult]) -> list[str]:
     """Each median against the previous run's (same workload, metric and system): the
     lines to print, a regression beyond REGRESSION marked so it is seen at a glance."""
     lines: list[str] = []
-    before_all = previous.get("workloads")
-    if not isinstance(before_all, dict):
-        return lines
     for name, result in results.items():
-        before = before_all.get(name, {}).get("metrics", {})
         for metric in BY_NAME[name].metrics:
             for system, runs in result.values.items():
-                old = before.get(metric.key, {}).get(system, {}).get("median")
-                if metric.key not in runs or not old:
+                old = _member(previous, "workloads", name, "metrics", metric.key, system,
+                              "median")
+                if metric.key not in runs or not isinstance(old, int | float) or not old:
                     continue
                 new = Summary.of(runs[metric.key]).median
                 change = new / old - 1
@@ -256,7 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
                         help="how ttyserve is reached outside session_rate (default tcp, "
                              "like the SSH peers)")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
+    parser.add_argument("--json", type=Path,
+                        help=f"default {RESULTS} ({QUICK_RESULTS.name} with --quick)")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     args = parser.parse_args(argv)
     only = [name for item in args.only for name in item.split(",") if name]
@@ -326,18 +334,22 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
             "sizes": asdict(sizes), "transport": args.transport, "seconds": round(elapsed, 1),
             "skipped": skipped, "failed": failed, "machine": machine()}
-    previous: dict[str, object] = {}
+    if args.json is None:  # a smoke run never replaces the full run's baseline
+        args.json = QUICK_RESULTS if args.quick else RESULTS
+    previous: object = None
     with contextlib.suppress(OSError, ValueError):
         previous = json.loads(args.json.read_text())
-    changes = compare(previous, results)
-    if changes:
-        print()
-        meta_before = previous.get("meta")
-        when = meta_before.get("date", "?") if isinstance(meta_before, dict) else "?"
-        print(f"against the previous run ({args.json}, {when}); medians:")
-        print("\n".join(changes))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(as_json(results, meta), indent=2) + "\n")
+    before = previous.get("meta") if isinstance(previous, dict) else None
+    if not isinstance(before, dict):
+        pass  # no previous run (or not one of ours): nothing to compare
+    elif any(before.get(key) != meta[key] for key in ("quick", "sizes", "transport")):
+        print(f"\nnot compared with the previous run in {args.json}: its sizes or transport "
+              "differ")
+    elif changes := compare(previous, results):
+        print(f"\nagainst the previous run ({args.json}, {before.get('date', '?')}); medians:")
+        print("\n".join(changes))
     print(f"results: {args.json}")
     return 0
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import procs
 from .procs import Usage
-from .server import TtyserveServer
+from .server import TtyserveServer, serve_flags
 from .wire import WireSession
 
 try:
@@ -156,8 +156,9 @@ class System:
         multiplexed connections; line echo through the last one opened."""
         raise NotApplicable
 
-    def reattach(self, ring: int) -> float:
-        """Seconds from `attach` to the last byte of a full ring of ``ring`` bytes."""
+    def reattach(self, ring: int) -> tuple[float, int]:
+        """Seconds from `attach` to the last byte of a full ring of about ``ring`` bytes,
+        and the bytes it replayed."""
         raise NotApplicable
 
 
@@ -454,10 +455,10 @@ class TtyserveLibSystem(TtyserveSystem):
         seconds: float = anyio.run(main, backend="asyncio")
         return seconds
 
-    def reattach(self, ring: int) -> float:
+    def reattach(self, ring: int) -> tuple[float, int]:
         import anyio
 
-        async def main() -> float:
+        async def main() -> tuple[float, int]:
             async with self._connect("unix", multiplex=True) as conn:
                 # twice the ring, then quiet: the ring holds its newest `ring` bytes
                 session = await conn.spawn(["sh", "-c", f"head -c {2 * ring} /dev/zero; "
@@ -484,10 +485,10 @@ class TtyserveLibSystem(TtyserveSystem):
                     replayed += len(chunk.data)
                 seconds = now() - start
                 await again.cancel()
-            return seconds
+            return seconds, replayed
 
-        seconds: float = anyio.run(main, backend="asyncio")
-        return seconds
+        result: tuple[float, int] = anyio.run(main, backend="asyncio")
+        return result
 
 
     def scale_pipes(self, connections: int, per_connection: int, rounds: int,
@@ -539,8 +540,13 @@ class TtyserveWsSystem(TtyserveLibSystem):
     def startup(self, transport: str) -> float:
         raise NotApplicable
 
-    def reattach(self, ring: int) -> float:
+    def reattach(self, ring: int) -> tuple[float, int]:
         raise NotApplicable
+
+    def unavailable(self) -> str | None:
+        if "--allow-origin" not in serve_flags():
+            return "this ttyserve has no ws: listener"
+        return None
 
 
 class PdshSystem(System):

@@ -212,33 +212,41 @@ class Server:
         if listener.scheme in ("unix", "tcp"):
             return SocketTransport(sock)
         stream: anyio.abc.ByteStream | None = None
-        with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
-            try:
-                if listener.encrypted:
-                    stream = await anyio.abc.SocketStream.from_socket(sock)
-                    assert self.tls is not None
-                    stream = await TLSStream.wrap(stream, server_side=True,
-                                                  ssl_context=self.tls,
-                                                  standard_compatible=False)
+        handed_off = False
+        try:
+            with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
+                try:
+                    if listener.encrypted:
+                        stream = await anyio.abc.SocketStream.from_socket(sock)
+                        assert self.tls is not None
+                        stream = await TLSStream.wrap(stream, server_side=True,
+                                                      ssl_context=self.tls,
+                                                      standard_compatible=False)
+                    else:
+                        stream = SocketByteStream(sock)
+                except (ssl.SSLError, OSError, anyio.BrokenResourceError,
+                        anyio.EndOfStream) as exc:
+                    log.info("%s: TLS handshake failed: %s", peer, exc)
                 else:
-                    stream = SocketByteStream(sock)
-            except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-                log.info("%s: TLS handshake failed: %s", peer, exc)
-            else:
-                if not listener.web:
-                    return StreamTransport(stream)
-                upgraded = await self._front_door().serve(stream, peer, listener)
-                if upgraded is not None:
-                    return upgraded
-        if deadline.cancelled_caught:
-            log.info("%s: no %s in time", peer, "upgrade" if listener.web else "TLS handshake")
-        # Close what owns the descriptor: the asyncio transport, once there is one.
-        with anyio.CancelScope(shield=True):
-            if stream is not None:
-                await stream.aclose()
-            else:
-                sock.close()
-        return None
+                    if not listener.web:
+                        handed_off = True
+                        return StreamTransport(stream)
+                    upgraded = await self._front_door().serve(stream, peer, listener)
+                    if upgraded is not None:
+                        handed_off = True
+                        return upgraded
+            if deadline.cancelled_caught:
+                log.info("%s: no %s in time", peer,
+                         "upgrade" if listener.web else "TLS handshake")
+            return None
+        finally:
+            if not handed_off:  # on every other way out, cancellation and errors included
+                # Close what owns the descriptor: the asyncio transport, once there is one.
+                with anyio.CancelScope(shield=True):
+                    if stream is not None:
+                        await stream.aclose()
+                    else:
+                        sock.close()
 
     def _front_door(self) -> FrontDoor:
         """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""

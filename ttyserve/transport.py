@@ -192,7 +192,17 @@ class SocketByteStream(anyio.abc.ByteStream):
         return await self.transport.receive(max_bytes)
 
     async def send(self, item: bytes) -> None:
-        await send_all(self.transport, item)
+        """All of ``item``. Cut short (cancelled) after part of it went out, the stream is
+        shut down: a peer must never read half a message followed by the next one."""
+        view = memoryview(item)
+        try:
+            while view:
+                view = view[await self.transport.send_some([view]):]
+        except BaseException:
+            if 0 < len(view) < len(item):
+                with contextlib.suppress(OSError):
+                    self.transport.sock.shutdown(socket.SHUT_RDWR)
+            raise
 
     async def send_eof(self) -> None:
         await self.transport.send_eof()
