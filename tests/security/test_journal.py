@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -88,20 +90,25 @@ def test_kill_9_with_20_sessions_then_restart(short_dir: Path) -> None:
 def test_torn_last_line_is_skipped_with_a_warning(short_dir: Path) -> None:
     journal = short_dir / "journal.jsonl"
     server = start_server(short_dir, "--journal", str(journal))
-    sock, _ = open_running(server, "echo up; sleep 300", pty=False)
-    server.stop(signal.SIGKILL)
-    sock.close()
-    data = journal.read_bytes()
-    journal.write_bytes(data[: len(data) - 7])  # the crash cut the start record mid-line
-    server = start_server(short_dir, "--journal", str(journal))
+    sock, pgid = open_running(server, "echo up; sleep 300", pty=False)
     try:
-        assert "torn" in server.stderr_tail()
-        result = subprocess.run(ttyserve_command("exec", "--connect", server.addresses[0],
-                                                 "--", "echo", "served"),
-                                capture_output=True, timeout=20)
-        assert result.stdout == b"served\n"
+        server.stop(signal.SIGKILL)
+        sock.close()
+        data = journal.read_bytes()
+        journal.write_bytes(data[: len(data) - 7])  # the crash cut the start record mid-line
+        server = start_server(short_dir, "--journal", str(journal))
+        try:
+            assert "torn" in server.stderr_tail()
+            result = subprocess.run(ttyserve_command("exec", "--connect", server.addresses[0],
+                                                     "--", "echo", "served"),
+                                    capture_output=True, timeout=20)
+            assert result.stdout == b"served\n"
+        finally:
+            assert server.stop() == ServeExit.OK
     finally:
-        assert server.stop() == ServeExit.OK
+        # Its start record was torn away, so no restart can know this session: end it here.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
     assert read_file(str(journal)).torn == 1
     ends = assert_one_end_per_start(journal)
     assert [e.reason for e in ends.values()] == [Reason.EXIT]
