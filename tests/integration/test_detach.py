@@ -153,8 +153,8 @@ async def test_session_in_use_steal_and_no_such_session(address: str) -> None:
             assert (info.value.code, info.value.retriable) == ("session_in_use", False)
             stolen = await second.attach(session.id or "", steal=True)
             with pytest.raises(SessionDetached) as detached:
-                while await session.receive() is not None:
-                    pass
+                while (chunk := await session.receive()) is not None:
+                    assert chunk.data  # the counter's lines, until it is taken
             assert detached.value.reason == "stolen"
             assert consecutive(await lines_until(stolen, lambda n: len(n) >= 3))
             for unknown in ("nope", "x" * 22):
@@ -298,8 +298,8 @@ async def test_100_detached_sessions_of_4_mb_each_hold_no_more_than_their_rings(
                                            pty=False, detachable=True)
                 await session.detach()
                 try:
-                    async for _chunk in session:  # what came before `detached`
-                        pass
+                    async for chunk in session:  # what came before `detached`
+                        assert chunk.data == bytes(len(chunk.data))
                 except SessionDetached:
                     detached += 1
                 # else it ended before the detach was read: its exit came, it is gone

@@ -200,8 +200,8 @@ async def test_a_detached_session_keeps_recording(
         await read_until(session, b"before", bytearray())
         await session.detach()
         with pytest.raises(SessionDetached):
-            while await session.receive() is not None:
-                pass
+            while (chunk := await session.receive()) is not None:
+                assert chunk.stream == "stdout"  # a PTY has one output
     go.touch()  # only now, with nobody attached, does the process print its marker
     path, _, _ = await cast_until(record_dir, lambda e: "detached-42" in output_of(e))
     assert path.name == f"{session.id}.cast"
@@ -229,8 +229,8 @@ async def test_a_killed_server_leaves_whole_lines(short_dir: Path) -> None:
             path, _, _ = await cast_until(record_dir, lambda e: "mark-42" in output_of(e))
             server.stop(signal.SIGKILL)
             with pytest.raises(ConnectionLost):
-                async for _ in session:
-                    pass
+                async for chunk in session:
+                    assert chunk.stream == "stdout"  # a PTY has one output
     finally:
         groups = [pgid, *children_of(server.pid)]  # the session's, before it is orphaned
         server.stop(signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from pathlib import Path
 
@@ -88,11 +89,9 @@ def handshake(server: ssl.SSLContext, client: ssl.SSLContext,
     done: set[str] = set()
     for _ in range(10):
         for side, peer in (("client", "server"), ("server", "client")):
-            try:
+            with contextlib.suppress(ssl.SSLWantReadError):  # it waits for the other side
                 ends[side].do_handshake()
                 done.add(side)
-            except ssl.SSLWantReadError:
-                pass
             wires[peer][0].write(wires[side][1].read())  # what one side sent, the other reads
         if done == {"client", "server"}:
             return ends["client"].version()
