@@ -353,6 +353,20 @@ class TtyserveSystem(System):
         return run_once("ttyserve", targets, parallel, self.server.workdir)
 
 
+async def _library_echo(session: Any, data: bytes, rounds: int) -> list[float]:
+    """Round trips of ``data`` through a session that echoes it (the library's client)."""
+    latencies: list[float] = []
+    for index in range(WARMUP_ROUNDS + rounds):
+        start = now()
+        await session.send(data)
+        chunk = await session.receive()
+        if chunk is None or chunk.data != data:
+            raise RuntimeError("the echo came back wrong")
+        if index >= WARMUP_ROUNDS:
+            latencies.append(now() - start)
+    return latencies
+
+
 class TtyserveLibSystem(TtyserveSystem):
     """The same server through the project's client library (anyio on asyncio)."""
 
@@ -388,7 +402,6 @@ class TtyserveLibSystem(TtyserveSystem):
         import anyio
 
         async def main() -> list[float]:
-            latencies: list[float] = []
             async with self._connect(transport) as conn:
                 session = await conn.spawn(argv, pty=True)
                 seen = b""
@@ -397,14 +410,7 @@ class TtyserveLibSystem(TtyserveSystem):
                     if chunk is None:
                         raise RuntimeError("the echo command exited")
                     seen += chunk.data
-                for index in range(WARMUP_ROUNDS + rounds):
-                    start = now()
-                    await session.send(b"x")
-                    chunk = await session.receive()
-                    if chunk is None or chunk.data != b"x":
-                        raise RuntimeError("the echo came back wrong")
-                    if index >= WARMUP_ROUNDS:
-                        latencies.append(now() - start)
+                latencies = await _library_echo(session, b"x", rounds)
                 await session.cancel()
             return latencies
 
@@ -506,15 +512,7 @@ class TtyserveLibSystem(TtyserveSystem):
                         sessions.append(await conn.spawn(["cat"], pty=False))
                 opened = now() - start
                 usage = probe()
-                last, latencies = sessions[-1], []
-                for index in range(WARMUP_ROUNDS + rounds):
-                    begin = now()
-                    await last.send(b"x\n")
-                    chunk = await last.receive()
-                    if chunk is None or chunk.data != b"x\n":
-                        raise RuntimeError("the echo came back wrong")
-                    if index >= WARMUP_ROUNDS:
-                        latencies.append(now() - begin)
+                latencies = await _library_echo(sessions[-1], b"x\n", rounds)
                 for session in sessions:
                     await session.cancel()
             return ScaleRun(opened, usage, latencies)

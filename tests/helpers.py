@@ -20,6 +20,7 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
+from ttyserve.client import Connection
 from ttyserve.dial import open_transport
 from ttyserve.listeners import SocketLease, open_listeners
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
@@ -290,3 +291,29 @@ def blocking_unix_socket(path: str, timeout: float = 10) -> Iterator[socket.sock
         yield sock
     finally:
         sock.close()
+
+
+async def echo_through_cat(conn: Connection, copies: int, payload: bytes) -> list[bytes]:
+    """``copies`` `cat` sessions at once on ``conn``, each fed ``payload`` while it is read
+    back: what each returned, in order (windows are exercised both ways)."""
+    results: dict[int, bytes] = {}
+
+    async def echo(index: int) -> None:
+        session = await conn.spawn(["cat"], pty=False)
+        received = bytearray()
+        async with anyio.create_task_group() as tg:
+
+            async def feed() -> None:
+                await session.send(payload)
+                await session.eof()
+
+            tg.start_soon(feed)
+            async for chunk in session:
+                received += chunk.data
+        results[index] = bytes(received)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(copies):
+            tg.start_soon(echo, index)
+    return [results[index] for index in range(copies)]
+

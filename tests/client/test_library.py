@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
-from helpers import SH, ServerProcess
+from helpers import SH, ServerProcess, echo_through_cat
 
 from ttyserve import (
     ConnectionLost,
@@ -95,27 +95,9 @@ async def test_a_cancelled_session_is_not_a_lost_connection(
 
 async def test_multiplexed_sessions_with_windows_both_ways(server_process: ServerProcess) -> None:
     payload = os.urandom(3 << 20)
-    results: dict[int, bytes] = {}
     async with connect(server_process.addresses[0], multiplex=True, window=128 * 1024) as conn:
-
-        async def echo(index: int) -> None:
-            session = await conn.spawn(["cat"], pty=False)
-            received = bytearray()
-            async with anyio.create_task_group() as tg:
-
-                async def feed() -> None:
-                    await session.send(payload)
-                    await session.eof()
-
-                tg.start_soon(feed)
-                async for chunk in session:
-                    received += chunk.data
-            results[index] = bytes(received)
-
-        async with anyio.create_task_group() as tg:
-            for index in range(4):
-                tg.start_soon(echo, index)
-    assert results == dict.fromkeys(range(4), payload)
+        results = await echo_through_cat(conn, 4, payload)
+    assert results == [payload] * 4
 
 
 # --- servers that misbehave -------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 import trustme
-from helpers import SH, ServerProcess, start_server, wait_until
+from helpers import SH, ServerProcess, echo_through_cat, start_server, wait_until
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -286,28 +286,11 @@ async def test_multiplexing_with_credit_over_a_websocket(web_server: ServerProce
     payload = os.urandom(2 << 20)
     async with connect(web_server.addresses[0], token=token_of(web_server), multiplex=True,
                        window=64 * 1024) as conn:
-        results: dict[int, bytes] = {}
-
-        async def echo(index: int) -> None:
-            session = await conn.spawn(["cat"], pty=False)
-            received = bytearray()
-            async with anyio.create_task_group() as tg:
-                async def feed() -> None:
-                    await session.send(payload)
-                    await session.eof()
-
-                tg.start_soon(feed)
-                async for chunk in session:
-                    received += chunk.data
-            results[index] = bytes(received)
-
-        async with anyio.create_task_group() as tg:
-            for index in range(3):
-                tg.start_soon(echo, index)
+        results = await echo_through_cat(conn, 3, payload)
         starved = await conn.spawn(["yes"], pty=False)  # nobody reads it: others go on
         assert (await (await conn.spawn(["sh", "-c", "exit 5"], pty=False)).wait()).code == 5
         await starved.cancel()
-    assert results == dict.fromkeys(range(3), payload)
+    assert results == [payload] * 3
 
 
 @pytest.mark.asyncio
