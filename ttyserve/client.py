@@ -381,8 +381,9 @@ class Connection:
         await self._outbox.wait_for_room()
 
     def _early_carrier_end(self) -> bool:
-        """A carrier that broke before `welcome`: the read loop sees its stdout close and
-        fails the connection with its class (a send that broke first must not say less)."""
+        """Whether a break now is a carrier's before `welcome`: the read loop sees its stdout
+        close and fails the connection with its class (a send that broke first must not
+        say less)."""
         return self._carrier is not None and self._core.welcome is None
 
     def _send_failed(self) -> None:
@@ -410,7 +411,7 @@ class Connection:
         except anyio.ClosedResourceError as exc:
             self._fail(ConnectionLost(f"connection lost: {exc}"))
         except RemoteProtocolError as exc:
-            if self._carrier is not None and self._core.welcome is None:
+            if self._early_carrier_end():
                 exc = RemoteProtocolError(
                     f"{exc.message}; the far side began with {self._first_bytes!r}, which is "
                     "not the protocol (does a shell startup file print something?)", exc.code)
@@ -426,7 +427,8 @@ class Connection:
 
     async def _carrier_failed(self) -> None:
         """A carrier that ended before `welcome` fails the connection with its class."""
-        if self._carrier is not None and self._core.welcome is None and self._failure is None:
+        if self._early_carrier_end() and self._failure is None:
+            assert self._carrier is not None
             self._fail(await self._carrier.failure())
 
     async def _dispatch(self, event: ClientEvent) -> None:

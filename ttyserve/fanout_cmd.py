@@ -59,10 +59,9 @@ class Progress:
     total: int
     enabled: bool
     done: int = 0
-    running: int = 0
     failed: int = 0
     shown: bool = False
-    opened: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)  # targets whose command started
     _drawn_at: float = 0.0
 
     def erase(self) -> None:
@@ -76,7 +75,7 @@ class Progress:
         now = time.monotonic() if now is None else now
         if not self.enabled or now - self._drawn_at < PROGRESS_EVERY:
             return
-        text = (f"ttyserve: {self.done} done, {self.running} running, {self.failed} failed, "
+        text = (f"ttyserve: {self.done} done, {len(self.running)} running, {self.failed} failed, "
                 f"of {self.total}")
         try:
             width = os.get_terminal_size(2).columns or 80  # 0: a terminal never sized
@@ -151,8 +150,7 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
     elif isinstance(event, CarrierLine):
         screen.write(2, f"{target}: ".encode() + event.line + b"\n")
     elif isinstance(event, Opened):
-        progress.opened.add(target)
-        progress.running += 1
+        progress.running.add(target)
         out.event("opened", target=target, pid=event.pid)
     elif isinstance(event, Retrying):
         error = event.error
@@ -163,10 +161,8 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
     elif isinstance(event, Finished):
         result = results[target] = event.result
         screen.flush(target)
-        opened = target in progress.opened
-        if opened:
-            progress.opened.discard(target)
-            progress.running -= 1
+        opened = target in progress.running
+        progress.running.discard(target)
         if result.failure is not None:  # said as it happens; the summary repeats the class
             screen.write(2, _tell(f"{target}: {_explain(result)}"))
             if result.status is None:
