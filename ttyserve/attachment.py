@@ -74,13 +74,19 @@ class Attachment:
         while not self.released and not self.limit():
             await self._wait()
 
-    async def send_output(self, kind: FrameKind, data: bytes) -> None:
+    def send_output(self, kind: FrameKind, data: bytes) -> None:
         if self.core.send_output(self.channel, kind, data):
             self.carrier.flush_nowait()
-            if not self.carrier.has_room:  # a slow client: wait, unless the session leaves us
-                with anyio.CancelScope() as self._waiting_room:
-                    await self.carrier.flush()
-                self._waiting_room = None
+
+    @property
+    def has_room(self) -> bool:
+        return self.carrier.has_room
+
+    async def wait_room(self) -> None:
+        if not self.released:  # a slow client: wait, unless the session leaves us
+            with anyio.CancelScope() as self._waiting_room:
+                await self.carrier.flush()
+            self._waiting_room = None
 
     async def send_exit(self, status: Exit) -> bool:
         while not self.live and not self.released:

@@ -7,8 +7,9 @@ handshake deadline, the channel-to-session table and the close.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -33,7 +34,7 @@ from .protocol.server import (
     StdinReceived,
 )
 from .registry import SessionRegistry, shutting_down
-from .transport import Transport
+from .transport import SocketTransport, Transport
 from .version import __version__
 
 log = logging.getLogger("ttyserve")
@@ -41,6 +42,7 @@ log = logging.getLogger("ttyserve")
 READ_SIZE = 256 * 1024
 CLOSE_TIMEOUT = 2.0  # seconds to send our EOF and drain the client's bytes at the end
 SERVER_NAME = f"ttyserve/{__version__}"
+Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
@@ -51,6 +53,8 @@ class ConnectionHandler:
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
         settings = registry.settings
         self.transport = transport
+        # A socket is read from the loop's readiness callback once the handshake is done.
+        self._socket = transport if isinstance(transport, SocketTransport) else None
         self.peer = peer
         self.registry = registry
         self.gate = gate
@@ -63,6 +67,9 @@ class ConnectionHandler:
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
         self._tasks: anyio.abc.TaskGroup | None = None  # replays of attached sessions run here
+        self._later: Later | None = None  # what the readiness callback left the reader task
+        self._failure: BaseException | None = None  # what reading raised, to raise in the task
+        self._woken: anyio.Event | None = None  # set when it hands over to the task
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -154,28 +161,89 @@ class ConnectionHandler:
         core = self.core
         while not core.closing:
             try:
-                data = await self.transport.receive(READ_SIZE)
+                data = await self._receive()
             except _GONE:
                 return
             except RemoteProtocolError as exc:  # the carriage was misused
                 log.info("%s: %s: %s", self.peer, exc.code, exc.message)
                 core.close(exc)
                 return
-            core.receive_data(data)
+            if data is not None:
+                core.receive_data(data)
             try:
+                if (later := self._later) is not None:
+                    self._later = None
+                    await later()
                 while (event := core.next_event()) is not None:
-                    await self._handle(event)
+                    if (later := self._act(event)) is not None:
+                        await later()
             except RemoteProtocolError as exc:
                 log.info("%s: %s: %s", self.peer, exc.code, exc.message)
             if core.handshake_done:
                 self._read_scope.deadline = float("inf")
             await self.flush()
 
-    async def _handle(self, event: ServerEvent) -> None:
+    async def _receive(self) -> bytes | None:
+        """The client's next bytes; None when the readiness callback read them and left this
+        task the part that has to wait (`_later`, a full send queue, the close)."""
+        socket = self._socket
+        if socket is not None and self.core.handshake_done:
+            woken = self._woken = anyio.Event()
+            if socket.watch(self._readable):
+                try:
+                    await woken.wait()
+                finally:
+                    socket.unwatch()
+                    self._woken = None
+                if (failure := self._failure) is not None:
+                    self._failure = None
+                    raise failure
+                return None
+        return await self.transport.receive(READ_SIZE)
+
+    def _readable(self) -> None:
+        """The keystroke path, run by the event loop when the socket is readable: read, act
+        on what needs no waiting, send what that framed; wake the reader task for the rest."""
+        core, socket = self.core, self._socket
+        assert socket is not None
+        if core.closing:
+            return self._wake(socket)
+        try:
+            data = socket.receive_nowait(READ_SIZE)
+        except BaseException as exc:  # the end, or a broken socket: raised in the task
+            self._failure = exc
+            return self._wake(socket)
+        if data is None:
+            return None
+        core.receive_data(data)
+        try:
+            while (event := core.next_event()) is not None:
+                if (later := self._act(event)) is not None:
+                    self._later = later
+                    break
+        except RemoteProtocolError as exc:
+            log.info("%s: %s: %s", self.peer, exc.code, exc.message)
+        except BaseException as exc:  # a fault: raised in the task, as if it had acted
+            self._later = functools.partial(_raise, exc)
+        self.flush_nowait()
+        if self._later is not None or core.closing or not self.outbox.has_room:
+            self._wake(socket)
+        return None
+
+    def _wake(self, socket: SocketTransport) -> None:
+        socket.unwatch()
+        if self._woken is not None:
+            self._woken.set()
+
+    def _act(self, event: ServerEvent) -> Later | None:
+        """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""
         if isinstance(event, StdinReceived):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
-                await attachment.session.feed_stdin(event.data, wait=not self.core.windowed)
+                session = attachment.session
+                session.feed_stdin(event.data)
+                if session.stdin_full and not self.core.windowed:
+                    return session.wait_stdin_room
         elif isinstance(event, CreditGranted):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
@@ -188,9 +256,9 @@ class ConnectionHandler:
                 else:
                     attachment.session.control(event.message)
         elif isinstance(event, OpenRequested):
-            await self._open(event)
+            return functools.partial(self._open, event)
         elif isinstance(event, AttachRequested):
-            await self._attach(event)
+            return functools.partial(self._attach, event)
         elif isinstance(event, CancelRequested):
             attachment = self.attachments.pop(event.channel, None)
             if attachment is not None:
@@ -199,7 +267,8 @@ class ConnectionHandler:
             attachment = self.attachments.get(event.channel)
             if attachment is not None and attachment.session.detachable:
                 attachment.session.detach()
-                await self.registry.note(attachment.session, SessionDetach, str(self.peer))
+                return functools.partial(self.registry.note, attachment.session, SessionDetach,
+                                         str(self.peer))
             elif attachment is not None:
                 self.core.refuse(event.channel, RequestError(
                     ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
@@ -207,7 +276,8 @@ class ConnectionHandler:
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
-            await self._hello(event)
+            return functools.partial(self._hello, event)
+        return None
 
     async def _hello(self, event: HelloReceived) -> None:
         delay = self.gate.delay(self.peer)
@@ -280,3 +350,7 @@ class ConnectionHandler:
             self.registry.note_soon(session, SessionDetach, str(self.peer))
         else:
             session.cancel()
+
+
+async def _raise(exc: BaseException) -> None:
+    raise exc

@@ -6,6 +6,9 @@ there. Per session one task group runs the output pumps (stdout and, in pipe
 mode, stderr) while the session's own task awaits the process; stdin is
 written straight from the connection's reader when the process takes it, and
 only what would block goes through an input pump started for the purpose.
+While a pump waits for output, the event loop's readiness callback delivers
+what can go out at once (the keystroke path: no task step), and wakes the
+pump only for what has to wait: credit, room to send, end-of-file.
 `run` sends the exit status only after the process is reaped and its output
 reached end-of-file or the linger grace ran out. Cancelling the session's
 scope is the cancel path: the process group is hung up, killed after a
@@ -45,8 +48,17 @@ class OutputSink(Protocol):
         """Until `limit` may be above 0."""
         ...
 
-    async def send_output(self, kind: FrameKind, data: bytes) -> None:
-        """Send one output frame, waiting while the connection's queue is full."""
+    def send_output(self, kind: FrameKind, data: bytes) -> None:
+        """Frame one output frame and hand it to the connection, without waiting."""
+        ...
+
+    @property
+    def has_room(self) -> bool:
+        """Whether the connection's send queue has room for more output."""
+        ...
+
+    async def wait_room(self) -> None:
+        """Until the connection's send queue has room (at once when the sink is let go)."""
         ...
 
     async def send_exit(self, status: Exit) -> bool:
@@ -170,12 +182,8 @@ class Session:
 
     # --- called by the connection ------------------------------------------
 
-    async def feed_stdin(self, data: bytes, wait: bool = True) -> None:
-        """Write stdin now if the process takes it, else queue it.
-
-        With ``wait`` (a connection without windows) this waits while more than
-        STDIN_LIMIT is queued; with windows the client's credit bounds the queue.
-        """
+    def feed_stdin(self, data: bytes) -> None:
+        """Write stdin now if the process takes it, else queue it (see `stdin_full`)."""
         self.bytes_in += len(data)
         for observer in self.observers:
             observer.typed(data)
@@ -195,7 +203,15 @@ class Session:
                 return
             data = data[written:]
         self._queue_input(data)
-        while wait and self._stdin_queued > STDIN_LIMIT and not self._stdin_broken:
+
+    @property
+    def stdin_full(self) -> bool:
+        """Whether more than STDIN_LIMIT is queued: a connection without windows then waits
+        (`wait_stdin_room`); with windows the client's credit bounds the queue."""
+        return self._stdin_queued > STDIN_LIMIT and not self._stdin_broken
+
+    async def wait_stdin_room(self) -> None:
+        while self.stdin_full:
             room = self._stdin_room = self._stdin_room or anyio.Event()
             await room.wait()
 
@@ -278,7 +294,8 @@ class Session:
         if sink is not None:
             await sink.wait_credit()  # also ends when the sink is let go
 
-    async def _deliver(self, kind: FrameKind, data: bytes) -> None:
+    def _deliver_nowait(self, kind: FrameKind, data: bytes) -> OutputSink | None:
+        """Output to the ring, the observers and the sink; the sink, which may be full now."""
         self.bytes_out += len(data)
         if self.ring is not None:
             self.ring.append(kind, data)
@@ -286,7 +303,58 @@ class Session:
             observer.output(kind, data)
         sink = self.sink
         if sink is not None:
-            await sink.send_output(kind, data)
+            sink.send_output(kind, data)
+        return sink
+
+    async def _deliver(self, kind: FrameKind, data: bytes) -> None:
+        sink = self._deliver_nowait(kind, data)
+        if sink is not None and not sink.has_room:  # a slow client: its output waits here
+            await sink.wait_room()
+
+    def _deliver_ready(self, source: OutputSource, kind: FrameKind) -> bool:
+        """The readiness callback's delivery: True while it may go on, False to wake the pump
+        (no credit or no room to send, end-of-file, the session ending)."""
+        if self._lingering_over or self.scope.cancel_called:
+            return False
+        sink = self.sink
+        if sink is not None and not sink.has_room:
+            return False
+        limit = self._limit()
+        if not limit:
+            return False
+        data = source.receive_nowait(limit)
+        if not data:
+            return not source.at_eof
+        self._deliver_nowait(kind, data)
+        return sink is None or sink.has_room
+
+    async def _wait_output(self, source: OutputSource, kind: FrameKind) -> None:
+        """Until output can be read. Meanwhile, where the loop calls back on readiness, what
+        can go out at once is delivered from the callback: no task step per keystroke."""
+        woken = anyio.Event()
+        failed: list[BaseException] = []
+
+        def readable() -> None:
+            try:
+                if self._deliver_ready(source, kind):
+                    return
+            except BaseException as exc:  # raised in the pump, not in the loop
+                failed.append(exc)
+            source.unwatch()
+            woken.set()
+
+        if not source.watch(readable):
+            await source.wait_readable()
+            return
+        try:
+            await woken.wait()
+        finally:
+            source.unwatch()
+        if failed:
+            raise failed[0]
+        sink = self.sink
+        if sink is not None and not sink.has_room:
+            await sink.wait_room()
 
     async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
         # Credit is checked and spent with no await in between (two pumps share it),
@@ -316,7 +384,7 @@ class Session:
                     if not data:
                         if source.at_eof:
                             return
-                        await source.wait_readable()
+                        await self._wait_output(source, kind)
                         continue
                     reading.now = False
                     await self._deliver(kind, data)

@@ -13,11 +13,13 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import anyio
 import anyio.abc
+
+from .readiness import ReadWatch
 
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
@@ -62,22 +64,39 @@ class SocketTransport:
         self.sock = sock
         self._closed = False
         self._drained = False  # the last receive emptied the socket buffer
+        self._watch: ReadWatch | None = None
 
     async def receive(self, max_bytes: int) -> bytes:
         if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
             await anyio.wait_readable(self.sock)
-        while True:
-            try:
-                data = self.sock.recv(max_bytes)
-            except BlockingIOError:
-                await anyio.wait_readable(self.sock)
-                continue
-            except OSError as exc:
-                raise _broken(exc) from exc
-            if not data:
-                raise anyio.EndOfStream
-            self._drained = len(data) < max_bytes
-            return data
+        while (data := self.receive_nowait(max_bytes)) is None:
+            await anyio.wait_readable(self.sock)
+        self._drained = len(data) < max_bytes
+        return data
+
+    def receive_nowait(self, max_bytes: int) -> bytes | None:
+        """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`."""
+        try:
+            data = self.sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _broken(exc) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    def watch(self, callback: Callable[[], None]) -> bool:
+        """Have the loop call ``callback`` whenever the socket is readable, until `unwatch`
+        (see readiness.py); False where it cannot."""
+        if self._closed:
+            return False
+        self._watch = self._watch or ReadWatch(self.sock.fileno())
+        return self._watch.start(callback)
+
+    def unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         if self._closed:
@@ -103,6 +122,7 @@ class SocketTransport:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self.unwatch()
             anyio.notify_closing(self.sock)
             self.sock.close()
 

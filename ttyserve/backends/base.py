@@ -13,6 +13,7 @@ all input goes through `send_stdin`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,15 @@ class OutputSource(Protocol):
 
         Raises OSError when reading fails for a reason other than end-of-file.
         """
+        ...
+
+    def watch(self, callback: Callable[[], None]) -> bool:
+        """Have the event loop call ``callback`` whenever output may be read, until `unwatch`
+        (see readiness.py); False where it cannot: wait with `wait_readable` then."""
+        ...
+
+    def unwatch(self) -> None:
+        """Stop calling back (idempotent)."""
         ...
 
 
@@ -214,6 +224,12 @@ class StreamSource:
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self._pending = data[limit:]
         return data[:limit]
+
+    def watch(self, callback: Callable[[], None]) -> bool:
+        return False  # a stream has no descriptor to watch
+
+    def unwatch(self) -> None:
+        return None
 
 
 class StreamInput:
