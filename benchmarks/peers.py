@@ -27,14 +27,12 @@ from . import procs
 from .systems import (
     ECHO_MARKER,
     WARMUP_ROUNDS,
-    ExecRun,
     Probe,
     ScaleRun,
     SessionRun,
     System,
     Transfer,
     now,
-    timed_subprocess,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,10 +208,9 @@ class AsyncsshSystem(System):
 
         return asyncio.run(main())
 
-    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
-        return timed_subprocess([
-            sys.executable, "-m", "benchmarks.asyncssh_client", "--port", str(self.port),
-            "--key", str(self.dir / "client_key"), "--", *argv])
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.asyncssh_client", "--port", str(self.port),
+                "--key", str(self.dir / "client_key"), "--", *argv]
 
 
 # --- OpenSSH -------------------------------------------------------------------
@@ -389,8 +386,8 @@ class OpenSSHSystem(System):
                 self._close(client)
         return ScaleRun(opened, usage, latencies)
 
-    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
-        return timed_subprocess(self._ssh(argv, pty=False))
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
+        return self._ssh(argv, pty=False)
 
     def cpu_pids(self) -> list[int]:
         return []  # per-connection sshd processes are gone (and reaped) before we can read them

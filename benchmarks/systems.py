@@ -139,8 +139,12 @@ class System:
               transport: str) -> ScaleRun:
         raise NotApplicable
 
-    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
+        """A command line that runs ``argv`` through this system, its output on stdout."""
         raise NotApplicable
+
+    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+        return timed_subprocess(self.exec_command(argv, transport))
 
     def startup(self, transport: str) -> float:
         """Seconds from starting a client to its exit, running `true`."""
@@ -252,9 +256,11 @@ class RawSystem(System):
                 procs.reap_quietly(pid)
         return ScaleRun(opened, Usage(None, count), latencies)
 
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
+        return ["sh", "-c", shlex.join(argv) + " | cat"]
+
     def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
-        run = timed_subprocess(["sh", "-c", shlex.join(argv) + " | cat"])
-        return ExecRun(run.seconds, None)
+        return ExecRun(timed_subprocess(self.exec_command(argv, transport)).seconds, None)
 
     def startup(self, transport: str) -> float:
         return timed_subprocess([sys.executable, "-c", "pass"]).seconds  # the interpreter's floor
@@ -344,8 +350,8 @@ class TtyserveSystem(System):
                 session.close()
         return ScaleRun(opened, usage, latencies)
 
-    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
-        return timed_subprocess(self.server.exec_command(transport, argv))
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
+        return self.server.exec_command(transport, argv)
 
     def fanout(self, targets: int, parallel: int) -> float:
         from .fanout import run_once
@@ -440,7 +446,7 @@ class TtyserveLibSystem(TtyserveSystem):
               transport: str) -> ScaleRun:
         raise NotApplicable
 
-    def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
+    def exec_command(self, argv: list[str], transport: str) -> list[str]:
         raise NotApplicable
 
     def fanout(self, targets: int, parallel: int) -> float:

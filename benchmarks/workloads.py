@@ -1,4 +1,4 @@
-"""The six workloads of the performance issue: what each runs, measures and targets.
+"""The workloads of the performance issues: what each runs, measures and targets.
 
 A workload turns one run of one system into a dict of metric values; the
 runner (run.py) alternates systems, repeats, and summarizes. Targets compare
@@ -7,6 +7,11 @@ the `ttyserve` column with another column (a ratio) or with a fixed bound.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,6 +174,31 @@ def measure_echo(system: System, ctx: Context) -> dict[str, float]:
     return {"p50_us": percentile(latencies, 50) * 1e6, "p99_us": percentile(latencies, 99) * 1e6}
 
 
+FLOOD_ARGV = ["cat", "/dev/zero"]
+# The flood's output is drained by `cat` to /dev/null; "flowing" says a first MB went through.
+_DRAIN = "{ head -c 1000000 >/dev/null && echo flowing && exec cat >/dev/null; }"
+
+
+def measure_echo_flood(system: System, ctx: Context) -> dict[str, float]:
+    """Echo as `measure_echo`, while another session of the same server streams
+    /dev/zero as fast as its client (a separate process) takes it."""
+    command = shlex.join(system.exec_command(FLOOD_ARGV, ctx.transport)) + " | " + _DRAIN
+    flood = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        assert flood.stdout is not None
+        if flood.stdout.readline() != b"flowing\n":
+            raise RuntimeError(f"the flood did not start (exit {flood.wait()})")
+        return measure_echo(system, ctx)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(flood.pid, signal.SIGKILL)
+        flood.wait()
+        if flood.stdout is not None:
+            flood.stdout.close()
+
+
 # --- 4. Session rate -------------------------------------------------------------
 
 
@@ -323,6 +353,11 @@ WORKLOADS = [
          Target("p99_us", "<", 1, "openssh"),
          Target("p50_us", "<=", 1.3, "ttyserve-lib", system="ttyserve-ws")],
         ALL_SYSTEMS, measure_echo),
+    Workload(
+        "echo_flood", "Keystroke echo while another session of the same server floods output",
+        [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
+        [Target("p99_us", "<=", 0.5, "asyncssh"), Target("p99_us", "<", 1, "openssh")],
+        ("raw", "ttyserve", "asyncssh", "openssh"), measure_echo_flood),
     Workload(
         "session_rate", "Session rate: sequential `true` sessions, a new connection each",
         [Metric("rate_unix", "sessions/s unix", True), Metric("p50_ms_unix", "p50 ms unix"),

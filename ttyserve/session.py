@@ -25,6 +25,7 @@ from typing import Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from .backends.base import OutputSource, ProcessHandle, ProcessSpec
 from .defaults import DEFAULT_LINGER
@@ -34,7 +35,7 @@ from .protocol.messages import STOLEN, Eof, Exit, Message, Resize, Signal
 from .scrollback import Scrollback
 
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
-READ_SIZE = 1 << 20  # the most one read takes while no client is attached (then one frame)
+READ_SIZE = 1 << 17  # the most one read takes, and the largest output frame
 
 
 class OutputSink(Protocol):
@@ -388,6 +389,9 @@ class Session:
                         continue
                     reading.now = False
                     await self._deliver(kind, data)
+                    # A flood never waits for output or room: let the others have a turn
+                    # (a keystroke in another session waits for at most one chunk).
+                    await anyio.lowlevel.checkpoint()
             # The linger ran out: send what is buffered now, not what comes later.
             while not (limit := self._limit()):
                 if not held and not (held := source.receive_nowait(1)):
