@@ -29,6 +29,13 @@ class ServerFailed(RuntimeError):
     """The server did not start (the message carries the tail of its stderr)."""
 
 
+def ttyserve_command() -> list[str]:
+    """How users start ttyserve: the installed `ttyserve` script beside our interpreter
+    (no `python -m`, whose runpy costs a start-up a few ms), else `python -m ttyserve`."""
+    script = Path(sys.executable).with_name("ttyserve")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ttyserve"]
+
+
 @functools.cache
 def _flags(subcommand: str) -> frozenset[str]:
     """The long options `ttyserve SUBCOMMAND --help` lists."""
@@ -147,7 +154,7 @@ class TtyserveServer:
 
     def exec_command(self, transport: str, argv: list[str], pty: bool = False) -> list[str]:
         """The `ttyserve exec` command line that runs ``argv`` on this server."""
-        args = [sys.executable, "-m", "ttyserve", "exec", "--connect", self.address(transport)]
+        args = [*ttyserve_command(), "exec", "--connect", self.address(transport)]
         if self.token_file is not None and "--token-file" in exec_flags():
             args += ["--token-file", self.token_file]
         return [*args, "-t" if pty else "-T", "--", *argv]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+
+import msgspec
 
 from .errors import AddressError
 
@@ -13,8 +14,7 @@ NETWORK_SCHEMES = ("tcp", "tls", "ws", "wss")  # HOST:PORT; "unix" takes a PATH
 CARRIER_SCHEMES = ("ssh", "via")  # a client runs a carrier; a server never listens on these
 
 
-@dataclass(frozen=True, slots=True)
-class Address:
+class Address(msgspec.Struct, frozen=True):
     scheme: str  # "unix", one of NETWORK_SCHEMES, or one of CARRIER_SCHEMES
     path: str = ""
     host: str = ""

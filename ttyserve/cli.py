@@ -229,7 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from .exec_cmd import ExecOptions, exec_main
+    from .exec_report import ExecOptions
 
     try:
         targets = _targets(args)
@@ -243,6 +243,12 @@ def _exec(args: argparse.Namespace) -> int:
                           detachable=args.detachable, detach_key=args.detach_key,
                           remote_command=args.remote_command, target=targets[0][0])
     if len(targets) == 1:
+        from . import exec_direct
+
+        if exec_direct.eligible(options):  # no event loop to import: the fast start
+            return exec_direct.exec_direct(options)
+        from .exec_cmd import exec_main
+
         return exec_main(options)
     from .fanout_cmd import fanout_main
 
@@ -255,7 +261,8 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from .exec_cmd import ExecOptions, exec_main
+    from .exec_cmd import exec_main
+    from .exec_report import ExecOptions
 
     reached = _connection(args, "attach")
     if reached is None:

@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .addresses import Address, default_address, parse_address
 from .credentials import tls_context
-from .defaults import DEFAULT_REMOTE_COMMAND
+from .defaults import CLIENT_NAME, DEFAULT_REMOTE_COMMAND
 from .dial import open_transport
 from .errors import (
     CarrierError,
@@ -77,7 +77,6 @@ from .protocol.messages import (
     request_error,
 )
 from .transport import Transport, send_all
-from .version import __version__
 
 if TYPE_CHECKING:
     from .carrier import Carrier, StderrLine
@@ -515,7 +514,7 @@ async def connect(
     *,
     token: str | None = None,
     multiplex: bool = False,
-    client_name: str = f"ttyserve-python/{__version__}",
+    client_name: str = CLIENT_NAME,
     tls: ssl.SSLContext | None = None,
     window: int | None = None,
     remote_command: str = DEFAULT_REMOTE_COMMAND,

@@ -8,15 +8,16 @@ Every failure is a ConfigError naming the file.
 from __future__ import annotations
 
 import os
-import ssl
 import stat
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigError
 
+if TYPE_CHECKING:
+    import ssl
+
 TOKEN_ENV = "TTYSERVE_TOKEN"
-TLS_MINIMUM = ssl.TLSVersion.TLSv1_2
 Side = Literal["server", "client"]
 
 
@@ -52,6 +53,8 @@ def tls_context(side: Side, *, certfile: str | None = None, keyfile: str | None 
     client: verifies the server's certificate and name against the CAs in
     ``cafile``, or the system's when ``cafile`` is None.
     """
+    import ssl  # here: `exec` to a Unix socket spares its import
+
     try:
         if side == "server":
             if certfile is None or keyfile is None:
@@ -64,5 +67,5 @@ def tls_context(side: Side, *, certfile: str | None = None, keyfile: str | None 
         files = (f"TLS certificate {certfile} / key {keyfile}" if side == "server"
                  else f"TLS CA file {cafile}")
         raise ConfigError(f"{files}: {exc.strerror or exc}") from exc
-    context.minimum_version = TLS_MINIMUM
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context

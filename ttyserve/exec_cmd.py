@@ -8,93 +8,45 @@ in raw mode is restored on every way out. A detachable session (`exec
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import math
 import os
 import signal
 import ssl
 import stat
-import sys
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
 
 from . import terminal
-from .addresses import Address
 from .client import Session, connect
 from .credentials import tls_context
-from .defaults import DEFAULT_REMOTE_COMMAND
 from .errors import (
-    CarrierError,
     ConfigError,
     ConnectionLost,
-    ErrorCode,
     RemoteProtocolError,
-    RequestError,
     SessionDetached,
     TargetFailure,
 )
-from .exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
-from .lines import write_all
-from .protocol.messages import DEFAULT_TERM, STOLEN, Error, Exit, SignalName, error_message
+from .exec_report import (
+    FORWARDED,
+    ExecFailure,
+    ExecOptions,
+    Output,
+    exit_members,
+    failure,
+    report,
+    say,
+    tell,
+)
+from .exitcodes import ExecExit, exec_exit_code
+from .protocol.messages import DEFAULT_TERM, STOLEN
 from .retry import RETRIED, backoff, retriable
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
-FORWARDED: dict[signal.Signals, SignalName] = {
-    signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGHUP: "HUP", signal.SIGQUIT: "QUIT",
-}
-
-
-@dataclass(frozen=True)
-class ExecOptions:
-    address: Address
-    argv: list[str]
-    pty: bool | None = None  # None: a PTY when stdin is a terminal
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    retries: int = 0
-    json: bool = False
-    token: str | None = None
-    tls_ca: str | None = None
-    detachable: bool = False
-    detach_key: bytes | None = None  # typed at a terminal in raw mode: detach (None: never)
-    attach: str | None = None  # `ttyserve attach ID`: take over this session, start nothing
-    steal: bool = False
-    remote_command: str = DEFAULT_REMOTE_COMMAND  # what a carrier runs on the far side
-    target: str = ""  # the address as given, for messages (default: as it parsed)
-
-    def __post_init__(self) -> None:
-        if not self.target:
-            object.__setattr__(self, "target", str(self.address))
-
-
-class ExecFailure(Exception):
-    """`exec` cannot go on; ``code`` is its exit code, the message says why, ``members``
-    make the `--json` error event; ``told`` marks a line of the contract's own wording."""
-
-    def __init__(self, code: int, message: str, members: dict[str, object] | None = None,
-                 told: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.members = members or {"message": message}
-        self.told = told
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"ttyserve exec: {message}\n")
-    sys.stderr.flush()
-
-
-def _tell(message: str) -> None:
-    """A line of the contract's (contracts.md, persistent sessions), for people."""
-    sys.stderr.write(f"ttyserve: {message}\n")
-    sys.stderr.flush()
 
 
 class Detached(Exception):
@@ -104,38 +56,6 @@ class Detached(Exception):
         super().__init__(reason)
         self.session_id = session_id
         self.reason = reason
-
-
-class Output:
-    """Where remote output and events go: raw bytes, or JSON lines with --json."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-
-    def event(self, name: str, **members: object) -> None:
-        if self.as_json:
-            line = json.dumps({"event": name, **members}, separators=(",", ":"))
-            write_all(1, line.encode() + b"\n")
-
-    def data(self, stream: str, data: bytes, **members: object) -> None:
-        if self.as_json:
-            self.event(stream, **members, data=base64.b64encode(data).decode("ascii"))
-        else:
-            write_all(2 if stream == "stderr" else 1, data)
-
-
-def error_members(error: Error) -> dict[str, object]:
-    return {k: v for k, v in (
-        ("code", error.code), ("message", error.message), ("errno", error.errno),
-        ("retriable", error.retriable), ("retry_after_ms", error.retry_after_ms),
-    ) if v is not None}
-
-
-def exit_members(status: Exit) -> dict[str, object]:
-    return {k: v for k, v in (
-        ("code", status.code), ("signal", status.signal),
-        ("core_dumped", status.core_dumped), ("error", status.error),
-    ) if v is not None}
 
 
 @contextlib.asynccontextmanager
@@ -171,16 +91,16 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
             except RETRIED as exc:
                 may_retry, hint = retriable(exc)
                 if not may_retry or attempt == options.retries:
-                    raise _failure(exc, options, may_retry) from exc
+                    raise failure(exc, options, may_retry) from exc
                 delay = backoff(attempt, hint)
-                _report(exc, options, f"retrying in {delay:.2f}s "
+                report(exc, options, f"retrying in {delay:.2f}s "
                                       f"({attempt + 1}/{options.retries})")
                 await stack.aclose()
                 await anyio.sleep(delay)  # a signal to stop ends it (_stop_while_opening)
                 continue
             if session.id is not None:
                 out.event("opened", pid=session.pid, session=session.id)
-                _tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
+                tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
             else:
                 out.event("opened", pid=session.pid)
             yield session
@@ -197,44 +117,6 @@ async def _stop_while_opening(signals: AsyncIterator[int], watching: anyio.Cance
                 stopped.append(signum)
                 opening.cancel()
                 return
-
-
-def _describe(exc: BaseException, options: ExecOptions) -> str:
-    if isinstance(exc, RequestError):
-        return f"the server refused: {exc.code}: {exc.message}"
-    if isinstance(exc, OSError):
-        return f"cannot connect to {options.target}: {exc.strerror or exc}"
-    return str(exc)
-
-
-def _report(exc: BaseException, options: ExecOptions, then: str) -> None:
-    """Say that a try failed and what happens next (a retry)."""
-    if isinstance(exc, CarrierError):
-        _tell(f"{options.target}: {exc}; {then}")
-    else:
-        _say(f"{_describe(exc, options)}; {then}")
-
-
-def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
-    if isinstance(exc, CarrierError):  # the contract's line: TARGET: CLASS: explanation
-        return ExecFailure(ExecExit.FAILURE, f"{options.target}: {exc}",
-                           carrier_members(exc), told=True)
-    message = f"{_describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
-    if isinstance(exc, RequestError):
-        code: int = ExecExit.FAILURE
-        if exc.code == ErrorCode.SPAWN_FAILED:
-            code = exec_spawn_failure_code(exc.errno)
-        return ExecFailure(code, message, error_members(error_message(exc)))
-    return ExecFailure(ExecExit.FAILURE, message)
-
-
-def carrier_members(exc: CarrierError) -> dict[str, object]:
-    """The `--json` error event of a carrier that ended before `welcome`."""
-    members: dict[str, object] = {"class": str(exc.failure), "retriable": exc.retriable,
-                                  "message": exc.explanation}
-    if exc.status is not None:
-        members["status"] = exc.status
-    return members
 
 
 async def _quietly(work: Awaitable[None]) -> None:
@@ -269,7 +151,7 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
         except BlockingIOError:
             continue  # a non-blocking stdin we share with someone else: wait again
         except OSError as exc:
-            _say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
+            say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
             data = b""
         if not data:
             if detach is not None and detach.holding:
@@ -356,7 +238,7 @@ async def _exec(options: ExecOptions) -> int:
         return code
     signum = stopped[0]
     message = f"{signal.Signals(signum).name} before the command started: nothing was started"
-    _say(message)
+    say(message)
     out.event("error", message=message)
     return ExecExit.INTERRUPTED if signum == signal.SIGINT else ExecExit.SIGNAL_BASE + signum
 
@@ -383,22 +265,22 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
                 return await _stream(session, out, pty, raw, signals, detach)
     except Detached as exc:  # told once the terminal is back to normal
         if exc.reason == STOLEN:
-            _say("another client took the session over")
-        _tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+            say("another client took the session over")
+        tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
         return ExecExit.DETACHED
     except ExecFailure as exc:
-        (_tell if exc.told else _say)(str(exc))
+        (tell if exc.told else say)(str(exc))
         out.event("error", **exc.members)
         return exc.code
     except (ConnectionLost, RemoteProtocolError) as exc:
         if session_id is not None:
-            _say(f"{exc}; the session goes on: ttyserve attach {session_id}")
+            say(f"{exc}; the session goes on: ttyserve attach {session_id}")
         elif not opened and isinstance(exc, RemoteProtocolError):
-            _say(f"{exc}; nothing ran")
+            say(f"{exc}; nothing ran")
             out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
                                   "message": str(exc)})
         else:
-            _say(f"{exc}; the exit status is unknown (the command may have run: not "
+            say(f"{exc}; the exit status is unknown (the command may have run: not "
                  "retried)")
         return ExecExit.FAILURE
     raise AssertionError("unreachable")

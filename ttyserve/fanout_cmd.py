@@ -18,7 +18,7 @@ import anyio
 from .addresses import Address
 from .credentials import tls_context
 from .errors import CarrierError, ConfigError, RequestError, TargetFailure
-from .exec_cmd import (
+from .exec_report import (
     FORWARDED,
     ExecOptions,
     Output,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import random
 
 from .errors import CarrierError, ConnectionLost, OutOfResources, RequestError
 
@@ -35,4 +34,6 @@ def backoff(attempt: int, hint: float | None = None) -> float:
     backoff with jitter (so many clients refused at once do not come back at once)."""
     if hint is not None:
         return hint
+    import random  # here: a start with no retry spares its import
+
     return float(min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.5))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import bisect
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from ..errors import LocalProtocolError
 
@@ -47,8 +48,7 @@ def next_state(state: ChannelState, step: Step) -> ChannelState | None:
     return TRANSITIONS.get((state, step))
 
 
-@dataclass(slots=True)
-class Channel:
+class Channel(msgspec.Struct):
     """A live channel: its state and its credit in both directions (section 7).
 
     Credit is None on a connection without windows. ``output_credit`` is what the

@@ -10,7 +10,8 @@ RemoteProtocolError at once.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+
+import msgspec
 
 from ..errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Step, next_state
@@ -46,68 +47,58 @@ from .messages import (
 RECENT_ENDS = 1024  # channels the server ended that we remember, to catch a frame after the end
 
 
-@dataclass(frozen=True, slots=True)
-class WelcomeReceived:
+class WelcomeReceived(msgspec.Struct, frozen=True):
     welcome: Welcome
 
 
-@dataclass(frozen=True, slots=True)
-class OpenedReceived:
+class OpenedReceived(msgspec.Struct, frozen=True):
     channel: int
     pid: int
     session: str | None = None  # a detachable session's id
 
 
-@dataclass(frozen=True, slots=True)
-class AttachedReceived:
+class AttachedReceived(msgspec.Struct, frozen=True):
     channel: int
     attached: Attached
 
 
-@dataclass(frozen=True, slots=True)
-class DetachedReceived:
+class DetachedReceived(msgspec.Struct, frozen=True):
     """The channel's last frame: its session goes on without it (``reason`` "stolen"...)."""
 
     channel: int
     reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class SessionsReceived:
+class SessionsReceived(msgspec.Struct, frozen=True):
     sessions: Sessions
 
 
-@dataclass(frozen=True, slots=True)
-class OpenRefused:
+class OpenRefused(msgspec.Struct, frozen=True):
     """The `open` on ``channel`` was answered with `error`; the channel has ended."""
 
     channel: int
     error: Error
 
 
-@dataclass(frozen=True, slots=True)
-class OutputReceived:
+class OutputReceived(msgspec.Struct, frozen=True):
     channel: int
     kind: FrameKind  # STDOUT or STDERR
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class ExitReceived:
+class ExitReceived(msgspec.Struct, frozen=True):
     channel: int
     exit: Exit
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorReceived:
+class ErrorReceived(msgspec.Struct, frozen=True):
     """An `error` on channel 0 (the connection) or refusing a control message on N."""
 
     channel: int
     error: Error
 
 
-@dataclass(frozen=True, slots=True)
-class StdinCreditGranted:
+class StdinCreditGranted(msgspec.Struct, frozen=True):
     """The server granted more STDIN credit on ``channel``."""
 
     channel: int

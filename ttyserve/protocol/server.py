@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import collections
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Step
@@ -63,62 +64,53 @@ class Stage(enum.Enum):
 # --- events -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class HelloReceived:
+class HelloReceived(msgspec.Struct, frozen=True):
     hello: Hello
 
 
-@dataclass(frozen=True, slots=True)
-class OpenRequested:
+class OpenRequested(msgspec.Struct, frozen=True):
     """Admit it (then `opened`) or refuse it (`refuse`)."""
 
     channel: int
     request: Open
 
 
-@dataclass(frozen=True, slots=True)
-class AttachRequested:
+class AttachRequested(msgspec.Struct, frozen=True):
     """Answer it with `attached` or refuse it, as an `open`."""
 
     channel: int
     request: Attach
 
 
-@dataclass(frozen=True, slots=True)
-class DetachRequested:
+class DetachRequested(msgspec.Struct, frozen=True):
     """`detach` on a live channel: answer `send_detached`, or refuse it."""
 
     channel: int
 
 
-@dataclass(frozen=True, slots=True)
-class ListRequested:
+class ListRequested(msgspec.Struct, frozen=True):
     """`list` on channel 0: answer `send_sessions`."""
 
 
-@dataclass(frozen=True, slots=True)
-class StdinReceived:
+class StdinReceived(msgspec.Struct, frozen=True):
     channel: int
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class ControlReceived:
+class ControlReceived(msgspec.Struct, frozen=True):
     """`resize`, `signal` or `eof` for a live channel."""
 
     channel: int
     message: Message
 
 
-@dataclass(frozen=True, slots=True)
-class CreditGranted:
+class CreditGranted(msgspec.Struct, frozen=True):
     """A `window` added output credit to a live channel: waiting output may go on."""
 
     channel: int
 
 
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
+class CancelRequested(msgspec.Struct, frozen=True):
     """The channel has ended; its session is to be ended with nothing more sent."""
 
     channel: int
