@@ -60,7 +60,7 @@ class Attachment:
         self.live = replay is None  # output goes out as it comes (after any replay)
         self.released = False
         self._wake: anyio.Event | None = None  # made only when someone has to wait
-        self._waiting_room: anyio.CancelScope | None = None
+        self._waiting_rooms: list[anyio.CancelScope] = []  # pumps waiting for room to send
 
     # --- the session's sink ----------------------------------------------------
 
@@ -83,10 +83,14 @@ class Attachment:
         return self.carrier.has_room
 
     async def wait_room(self) -> None:
-        if not self.released:  # a slow client: wait, unless the session leaves us
-            with anyio.CancelScope() as self._waiting_room:
+        if self.released:
+            return
+        with anyio.CancelScope() as scope:  # a slow client: wait, unless the session leaves us
+            self._waiting_rooms.append(scope)
+            try:
                 await self.carrier.flush()
-            self._waiting_room = None
+            finally:
+                self._waiting_rooms.remove(scope)
 
     async def send_exit(self, status: Exit) -> bool:
         while not self.live and not self.released:
@@ -123,8 +127,8 @@ class Attachment:
     def _let_go(self) -> None:
         """Nothing more goes out here: forget us, and wake (or cut short) what waits on us."""
         self.released = True
-        if self._waiting_room is not None:
-            self._waiting_room.cancel()  # a pump must not stay behind a client that left
+        for scope in self._waiting_rooms:
+            scope.cancel()  # a pump must not stay behind a client that left
         self.carrier.detach(self)
         self._notify()
 

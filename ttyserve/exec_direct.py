@@ -75,6 +75,7 @@ class _Signals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.opening:
+            self.opening = False  # the first one stops us; later ones only wake the pipe
             raise _Stopped(signum)
 
     def received(self) -> list[int]:
@@ -98,6 +99,7 @@ class _Session:
         self.core = ClientConnection()
         self.sock = _connect(options)
         self.outgoing = bytearray()
+        self.broken = False  # a send failed: what the server sent is still read, to its end
         self.status: Exit | None = None
         self.pid: int | None = None
 
@@ -105,15 +107,19 @@ class _Session:
         self.sock.close()
 
     def send_now(self) -> None:
-        """Send what fits without waiting."""
-        while self.outgoing:
+        """Send what fits without waiting. A failed send is not the end: the output and
+        the exit may have arrived already, and reading says how the connection ended."""
+        while self.outgoing and not self.broken:
             try:
                 sent = self.sock.send(self.outgoing)
             except BlockingIOError:
                 return
-            except OSError as exc:
-                raise ConnectionLost(f"send failed: {exc.strerror or exc}") from exc
-            del self.outgoing[:sent]
+            except OSError:
+                self.broken = True
+            else:
+                del self.outgoing[:sent]
+        if self.broken:
+            self.outgoing.clear()
 
     def receive(self) -> bool:
         """Read what has arrived into the core; False when nothing had."""
@@ -198,10 +204,9 @@ def _has_stdin() -> bool:
     return True
 
 
-def _stream(session: _Session, signals: _Signals, out: Output) -> int:
+def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool) -> int:
     """Forward stdin and signals, write the output; the exit code once `exit` came."""
     core, sock = session.core, session.sock
-    stdin_open = _has_stdin()
     stdin_polled = False
     interrupted = False
     poll = select.poll()
@@ -210,7 +215,7 @@ def _stream(session: _Session, signals: _Signals, out: Output) -> int:
     while session.status is None:
         session.send_now()
         poll.register(sock, select.POLLIN | (select.POLLOUT if session.outgoing else 0))
-        reading_stdin = stdin_open and len(session.outgoing) < SEND_AHEAD
+        reading_stdin = stdin_open and not session.broken and len(session.outgoing) < SEND_AHEAD
         if reading_stdin != stdin_polled:
             if reading_stdin:
                 poll.register(0, select.POLLIN)
@@ -254,9 +259,10 @@ def _act(session: _Session, out: Output) -> None:
 
 
 def _read_stdin(session: _Session) -> bool:
-    """One read of our stdin to the session; False once it ended (`eof` was sent)."""
+    """One read of our stdin to the session, one frame; False once it ended (`eof` sent)."""
+    welcome = session.core.welcome
     try:
-        data = os.read(0, READ_SIZE)
+        data = os.read(0, min(READ_SIZE, welcome.max_frame if welcome else READ_SIZE))
     except BlockingIOError:
         return True  # a non-blocking stdin we share with someone else
     except OSError as exc:
@@ -272,11 +278,15 @@ def _read_stdin(session: _Session) -> bool:
 def exec_direct(options: ExecOptions) -> int:
     """Run ``options`` (which `eligible` accepted) to its end; `exec`'s exit code."""
     out = Output(options.json)
+    stdin_open = _has_stdin()  # before the signal pipe, which would take a closed fd 0
     signals = _Signals()
     session: _Session | None = None
     try:
         try:
-            session = _open_with_retries(options, signals)
+            try:
+                session = _open_with_retries(options, signals)
+            finally:
+                signals.opening = False  # a signal now is the session's, or is ignored
         except _Stopped as exc:
             message = (f"{signal.Signals(exc.signum).name} before the command started: "
                        "nothing was started")
@@ -285,7 +295,7 @@ def exec_direct(options: ExecOptions) -> int:
             return (ExecExit.INTERRUPTED if exc.signum == signal.SIGINT
                     else ExecExit.SIGNAL_BASE + exc.signum)
         out.event("opened", pid=session.pid)
-        return _stream(session, signals, out)
+        return _stream(session, signals, out, stdin_open)
     except ExecFailure as exc:
         (tell if exc.told else say)(str(exc))
         out.event("error", **exc.members)

@@ -68,8 +68,6 @@ class ConnectionHandler:
         self._draining = False
         self._tasks: anyio.abc.TaskGroup | None = None  # replays of attached sessions run here
         self._later: Later | None = None  # what the readiness callback left the reader task
-        self._failure: BaseException | None = None  # what reading raised, to raise in the task
-        self._woken: anyio.Event | None = None  # set when it hands over to the task
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -187,34 +185,22 @@ class ConnectionHandler:
         """The client's next bytes; None when the readiness callback read them and left this
         task the part that has to wait (`_later`, a full send queue, the close)."""
         socket = self._socket
-        if socket is not None and self.core.handshake_done:
-            woken = self._woken = anyio.Event()
-            if socket.watch(self._readable):
-                try:
-                    await woken.wait()
-                finally:
-                    socket.unwatch()
-                    self._woken = None
-                if (failure := self._failure) is not None:
-                    self._failure = None
-                    raise failure
-                return None
+        if socket is not None and self.core.handshake_done and await socket.serve_readable(
+                self._readable):
+            return None
         return await self.transport.receive(READ_SIZE)
 
-    def _readable(self) -> None:
+    def _readable(self) -> bool:
         """The keystroke path, run by the event loop when the socket is readable: read, act
-        on what needs no waiting, send what that framed; wake the reader task for the rest."""
+        on what needs no waiting, send what that framed; False to wake the reader task for
+        the rest. What reading raises is raised in the task, as `receive` would."""
         core, socket = self.core, self._socket
         assert socket is not None
         if core.closing:
-            return self._wake(socket)
-        try:
-            data = socket.receive_nowait(READ_SIZE)
-        except BaseException as exc:  # the end, or a broken socket: raised in the task
-            self._failure = exc
-            return self._wake(socket)
+            return False
+        data = socket.receive_nowait(READ_SIZE)
         if data is None:
-            return None
+            return True
         core.receive_data(data)
         try:
             while (event := core.next_event()) is not None:
@@ -223,17 +209,10 @@ class ConnectionHandler:
                     break
         except RemoteProtocolError as exc:
             log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-        except BaseException as exc:  # a fault: raised in the task, as if it had acted
+        except Exception as exc:  # a fault: raised in the task, as if it had acted
             self._later = functools.partial(_raise, exc)
         self.flush_nowait()
-        if self._later is not None or core.closing or not self.outbox.has_room:
-            self._wake(socket)
-        return None
-
-    def _wake(self, socket: SocketTransport) -> None:
-        socket.unwatch()
-        if self._woken is not None:
-            self._woken.set()
+        return self._later is None and not core.closing and self.outbox.has_room
 
     def _act(self, event: ServerEvent) -> Later | None:
         """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""
@@ -267,8 +246,9 @@ class ConnectionHandler:
             attachment = self.attachments.get(event.channel)
             if attachment is not None and attachment.session.detachable:
                 attachment.session.detach()
-                return functools.partial(self.registry.note, attachment.session, SessionDetach,
-                                         str(self.peer))
+                # Not left to this task: a client that hangs up right after `detach` breaks
+                # the send of `detached`, and that ends the reader before it could note it.
+                self.registry.note_soon(attachment.session, SessionDetach, str(self.peer))
             elif attachment is not None:
                 self.core.refuse(event.channel, RequestError(
                     ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "

@@ -4,7 +4,7 @@ The keystroke-echo path. An `await anyio.wait_readable(fd)` costs an epoll_ctl
 pair, a future and a task step each time; a callback registered once and run
 by the loop the moment the descriptor is readable costs none of them, and
 halves the server's CPU time per keystroke. Only asyncio's selector loops
-(and uvloop) call back on readiness; elsewhere (trio) `watch` says no and the
+(and uvloop) call back on readiness; elsewhere (trio) `serve` says no and the
 caller waits the ordinary way.
 """
 
@@ -30,28 +30,40 @@ def _asyncio_context() -> contextvars.Context:
 _CALLBACK_CONTEXT = _asyncio_context()
 
 
-class ReadWatch:
-    """Calls ``callback`` from the loop each time ``fd`` is readable, between `start` and
-    `stop`. The callback must read (or stop the watch): the loop asks again at once."""
+async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
+    """Run ``callback`` from the loop each time ``fd`` is readable, until it returns False
+    (then return True) or raises (then raise it here, in the waiting task). The callback
+    must read, or return False: the loop asks again at once.
 
-    __slots__ = ("_loop", "fd")
+    Returns False at once where the running loop has no readiness callbacks: the caller
+    then waits the ordinary way. Cancelled, it stops watching before it returns.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio)
+        return False
+    done = loop.create_future()
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self, callback: Callable[[], None]) -> bool:
-        """Watch ``fd``; False where the running loop has no readiness callbacks."""
+    def readable() -> None:
         try:
-            loop = asyncio.get_running_loop()
-            loop.add_reader(self.fd, _CALLBACK_CONTEXT.run, callback)
-        except (RuntimeError, NotImplementedError):  # not asyncio (trio), or a proactor loop
-            return False
-        self._loop = loop
-        return True
+            if callback():
+                return
+        except Exception as exc:  # raised in the task, as if it had met it there
+            loop.remove_reader(fd)
+            if not done.done():
+                done.set_exception(exc)
+            return
+        loop.remove_reader(fd)
+        if not done.done():
+            done.set_result(None)
 
-    def stop(self) -> None:
-        """Stop watching (idempotent); call before the descriptor is closed or waited on."""
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.remove_reader(self.fd)
+    try:
+        # A copy each: a context cannot be entered twice at once (loops in two threads).
+        loop.add_reader(fd, _CALLBACK_CONTEXT.copy().run, readable)
+    except NotImplementedError:  # a proactor loop (Windows)
+        return False
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+    return True

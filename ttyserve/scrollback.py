@@ -4,8 +4,9 @@ Output is kept in the order it was produced, as (stream, bytes) chunks, the
 oldest dropped first once the ring is over its size. Each chunk also costs a
 small fixed amount toward the size, so memory stays bounded however small the
 chunks are; `dropped` counts only output bytes lost. Large chunks are kept in
-64 KiB pieces and a partly dropped head is a view, so trimming never copies
-much and never holds much more than it counts.
+pieces of at most one read (a read is kept whole, with no copy), and a partly
+dropped head is a view, so trimming never copies much and never holds much
+more than it counts.
 """
 
 from __future__ import annotations

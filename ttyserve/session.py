@@ -18,6 +18,7 @@ grace, reaped, and nothing more is sent.
 from __future__ import annotations
 
 import collections
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -136,7 +137,7 @@ class Session:
         self._readers: list[tuple[anyio.CancelScope, _Reading]] = []
         self._lingering_over = False
         self._open_outputs = 2 if process.stderr is not None else 1
-        self._outputs_done = anyio.Event()
+        self._outputs_done: anyio.Event | None = None  # made when the exit waits for them
 
     @property
     def pid(self) -> int:
@@ -259,14 +260,15 @@ class Session:
                 if self.process.stderr is not None:
                     tg.start_soon(self._pump_output, self.process.stderr, FrameKind.STDERR)
                 status = await self.process.wait()
-                if not self._outputs_done.is_set():
+                if self._open_outputs:
+                    self._outputs_done = anyio.Event()
                     with anyio.move_on_after(self._linger):
                         await self._outputs_done.wait()
                 self._lingering_over = True
                 for scope, reading in self._readers:
                     if reading.now:
                         scope.cancel()
-                if not self._outputs_done.is_set():
+                if self._outputs_done is not None:
                     await self._outputs_done.wait()  # the pumps send what is buffered, then stop
                 for observer in self.observers:
                     observer.exited(status)
@@ -332,27 +334,9 @@ class Session:
     async def _wait_output(self, source: OutputSource, kind: FrameKind) -> None:
         """Until output can be read. Meanwhile, where the loop calls back on readiness, what
         can go out at once is delivered from the callback: no task step per keystroke."""
-        woken = anyio.Event()
-        failed: list[BaseException] = []
-
-        def readable() -> None:
-            try:
-                if self._deliver_ready(source, kind):
-                    return
-            except BaseException as exc:  # raised in the pump, not in the loop
-                failed.append(exc)
-            source.unwatch()
-            woken.set()
-
-        if not source.watch(readable):
+        if not await source.serve_readable(functools.partial(self._deliver_ready, source, kind)):
             await source.wait_readable()
             return
-        try:
-            await woken.wait()
-        finally:
-            source.unwatch()
-        if failed:
-            raise failed[0]
         sink = self.sink
         if sink is not None and not sink.has_room:
             await sink.wait_room()
@@ -402,7 +386,7 @@ class Session:
                 await self._deliver(kind, data)
         finally:
             self._open_outputs -= 1
-            if self._open_outputs == 0:
+            if self._open_outputs == 0 and self._outputs_done is not None:
                 self._outputs_done.set()
 
     # --- input that has to wait ---------------------------------------------

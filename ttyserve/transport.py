@@ -19,7 +19,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from .readiness import ReadWatch
+from .readiness import serve_readable
 
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
@@ -64,7 +64,6 @@ class SocketTransport:
         self.sock = sock
         self._closed = False
         self._drained = False  # the last receive emptied the socket buffer
-        self._watch: ReadWatch | None = None
 
     async def receive(self, max_bytes: int) -> bytes:
         if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
@@ -86,17 +85,10 @@ class SocketTransport:
             raise anyio.EndOfStream
         return data
 
-    def watch(self, callback: Callable[[], None]) -> bool:
-        """Have the loop call ``callback`` whenever the socket is readable, until `unwatch`
-        (see readiness.py); False where it cannot."""
-        if self._closed:
-            return False
-        self._watch = self._watch or ReadWatch(self.sock.fileno())
-        return self._watch.start(callback)
-
-    def unwatch(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
+    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
+        """Have the loop run ``callback`` whenever the socket is readable, until it returns
+        False (readiness.py); False at once where it cannot."""
+        return not self._closed and await serve_readable(self.sock.fileno(), callback)
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         if self._closed:
@@ -122,7 +114,6 @@ class SocketTransport:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            self.unwatch()
             anyio.notify_closing(self.sock)
             self.sock.close()
 

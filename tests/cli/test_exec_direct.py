@@ -78,3 +78,16 @@ def test_closed_output_is_141_and_the_session_is_cancelled(
     finally:
         os.close(remote)
         proc.stderr.close()
+
+
+def test_stdin_is_cut_to_the_servers_max_frame(short_dir: Path) -> None:
+    server = start_server(short_dir, "--max-frame", "4096")
+    try:
+        payload = os.urandom(300_000)
+        result = subprocess.run(ttyserve_command("exec", "--connect", server.addresses[0],
+                                                 "--", "cat"),
+                                input=payload, capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == payload
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ from ttyserve.client import Connection, Session, connect
 from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
 from ttyserve.journal import SessionAttach, SessionDetach, SessionEnd, read_file
 from ttyserve.protocol.messages import Attach, Open, SessionInfo
+from ttyserve.transport import SocketTransport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.05; done"
@@ -215,6 +216,31 @@ async def test_detached_timeout_hangs_up_and_the_journal_says_abandoned(
     assert [e.reason for e in ends] == ["abandoned"]
     assert [type(r) for r in records if getattr(r, "id", None) == session.id
             and isinstance(r, SessionDetach | SessionAttach)] == [SessionDetach]
+
+
+@pytest.mark.parametrize("server", ["2"], indirect=True)
+async def test_a_detach_whose_answer_cannot_be_sent_still_counts(
+        server: ServerProcess, address: str, short_dir: Path) -> None:
+    """A client that asks to detach and hangs up at once: `detached` cannot be sent, and
+    that ends the connection; the session is detached all the same, noted in the journal,
+    and hung up after the detached timeout like any other (it once waited forever)."""
+    async with raw_peer(address) as peer:
+        await peer.send(HELLO + ctrl(1, Open(argv=["sleep", "30"], pty=False,
+                                             detachable=True)))
+        assert (await peer.next_control())["type"] == "welcome"
+        opened = await peer.next_control()
+        assert opened["type"] == "opened"
+        assert isinstance(peer.transport, SocketTransport)
+        peer.transport.sock.shutdown(socket.SHUT_RD)  # the server's next send fails: EPIPE
+        await peer.send(ctrl(1, {"type": "detach"}))
+    detached_at = anyio.current_time()
+    await until_listed(address, lambda s: s == [], timeout=10)
+    assert 1.5 < anyio.current_time() - detached_at < 4
+    server.stop()
+    records = read_file(str(short_dir / "j.jsonl")).records
+    session_id = opened["session"]
+    assert [type(r) for r in records if getattr(r, "id", None) == session_id
+            and isinstance(r, SessionDetach | SessionEnd)] == [SessionDetach, SessionEnd]
 
 
 @pytest.mark.parametrize("server", ["2"], indirect=True)

@@ -1,4 +1,4 @@
-"""The readiness seam under the keystroke path: a descriptor watched by the loop."""
+"""The readiness seam under the keystroke path: a descriptor served by the loop's callbacks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from ttyserve.readiness import ReadWatch
+from ttyserve.readiness import serve_readable
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -17,35 +17,53 @@ pytestmark = pytest.mark.timeout(10)
 async def test_the_callback_runs_while_readable_and_may_start_tasks() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
-    watch = ReadWatch(read_fd)
     got: list[bytes] = []
-    events = [anyio.Event(), anyio.Event()]
+    started = [anyio.Event(), anyio.Event()]
 
     async def note(index: int) -> None:
-        events[index].set()
+        started[index].set()
 
     try:
         async with anyio.create_task_group() as tg:
 
-            def readable() -> None:
+            def readable() -> bool:
                 got.append(os.read(read_fd, 100))
                 # No task runs a callback, and yet the session starts its input pump
                 # and the outbox its writer from here: anyio must know its loop.
                 tg.start_soon(note, len(got) - 1)
-                if len(got) == 2:
-                    watch.stop()
+                return len(got) < 2
 
-            assert watch.start(readable)
-            os.write(write_fd, b"a")
-            await events[0].wait()
-            os.write(write_fd, b"b")
-            await events[1].wait()
-        os.write(write_fd, b"c")  # stopped: the callback does not read this
+            async def write_twice() -> None:
+                os.write(write_fd, b"a")
+                await started[0].wait()
+                os.write(write_fd, b"b")
+
+            tg.start_soon(write_twice)
+            assert await serve_readable(read_fd, readable)  # until the callback said stop
+            await started[1].wait()
+        os.write(write_fd, b"c")  # no longer served: the callback does not read this
         await anyio.wait_readable(read_fd)  # nor does it hold the descriptor
         assert got == [b"a", b"b"]
         assert os.read(read_fd, 100) == b"c"
     finally:
-        watch.stop()
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.asyncio
+async def test_what_the_callback_raises_is_raised_in_the_task() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, b"x")
+
+        def readable() -> bool:
+            raise ValueError(os.read(read_fd, 1))
+
+        with pytest.raises(ValueError, match="x"):
+            await serve_readable(read_fd, readable)
+        os.write(write_fd, b"y")
+        await anyio.wait_readable(read_fd)  # the watch is gone: anyio may wait on it
+    finally:
         os.close(read_fd)
         os.close(write_fd)
 
@@ -55,7 +73,7 @@ async def test_the_callback_runs_while_readable_and_may_start_tasks() -> None:
 async def test_no_readiness_callbacks_under_trio(anyio_backend: str) -> None:
     read_fd, write_fd = os.pipe()
     try:
-        assert not ReadWatch(read_fd).start(lambda: None)  # the caller waits the usual way
+        assert not await serve_readable(read_fd, lambda: False)  # the caller waits as usual
     finally:
         os.close(read_fd)
         os.close(write_fd)

@@ -57,13 +57,10 @@ class OutputSource(Protocol):
         """
         ...
 
-    def watch(self, callback: Callable[[], None]) -> bool:
-        """Have the event loop call ``callback`` whenever output may be read, until `unwatch`
-        (see readiness.py); False where it cannot: wait with `wait_readable` then."""
-        ...
-
-    def unwatch(self) -> None:
-        """Stop calling back (idempotent)."""
+    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
+        """Have the event loop run ``callback`` whenever output may be read, until it
+        returns False (readiness.py); False at once where it cannot: wait with
+        `wait_readable` then."""
         ...
 
 
@@ -225,11 +222,8 @@ class StreamSource:
         self._pending = data[limit:]
         return data[:limit]
 
-    def watch(self, callback: Callable[[], None]) -> bool:
+    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
         return False  # a stream has no descriptor to watch
-
-    def unwatch(self) -> None:
-        return None
 
 
 class StreamInput:

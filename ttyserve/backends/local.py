@@ -22,7 +22,7 @@ import anyio
 
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
-from ..readiness import ReadWatch
+from ..readiness import serve_readable
 from .base import ProcessSpec
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
@@ -56,7 +56,6 @@ class FdSource:
         self.fd = fd
         self.eof = False
         self._growable = growable and _CAN_GROW
-        self._watch: ReadWatch | None = None
 
     def _read(self, limit: int) -> bytes | None:
         """Up to ``limit`` bytes now; None when nothing is buffered."""
@@ -101,15 +100,8 @@ class FdSource:
         """Raises OSError on a read error other than a PTY's EIO (its end-of-file)."""
         return self._read(limit) or b""
 
-    def watch(self, callback: Callable[[], None]) -> bool:
-        if self.eof:
-            return False
-        self._watch = self._watch or ReadWatch(self.fd)
-        return self._watch.start(callback)
-
-    def unwatch(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
+    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
+        return not self.eof and await serve_readable(self.fd, callback)
 
 
 class LocalProcess:
