@@ -19,6 +19,7 @@ import os
 import resource
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from typing import Any
 
 from . import procs
 from .procs import Usage
-from .server import TtyserveServer, serve_flags
+from .server import TtyserveServer, serve_flags, ttyserve_command
 from .wire import WireSession
 
 try:
@@ -135,6 +136,12 @@ class System:
     def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
         raise NotApplicable
 
+    def sessions_one_connection(self, argv: list[str], count: int, transport: str
+                                ) -> SessionRun:
+        """Sequential sessions on one multiplexed connection (``transport`` "stdio": a
+        `serve --stdio` child, as a carrier reaches it)."""
+        raise NotApplicable
+
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:
         raise NotApplicable
@@ -238,6 +245,10 @@ class RawSystem(System):
                 raise RuntimeError(f"{argv[0]} exited {status}")
         return SessionRun(latencies, now() - start)
 
+    def sessions_one_connection(self, argv: list[str], count: int, transport: str
+                                ) -> SessionRun:
+        return self.sessions(argv, count, transport)  # no connection at all: the yardstick
+
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:
         held: list[tuple[int, int]] = []
@@ -331,6 +342,37 @@ class TtyserveSystem(System):
                 if session.exit is None or session.exit.get("code") != 0:
                     raise RuntimeError(f"{argv[0]}: exit {session.exit}")
         return SessionRun(latencies, now() - start)
+
+    def sessions_one_connection(self, argv: list[str], count: int, transport: str
+                                ) -> SessionRun:
+        child: subprocess.Popen[bytes] | None = None
+        if transport == "stdio":
+            ours, theirs = socket.socketpair()
+            with theirs:
+                child = subprocess.Popen([*ttyserve_command(), "serve", "--stdio"],
+                                         stdin=theirs.fileno(), stdout=theirs.fileno(),
+                                         stderr=subprocess.DEVNULL)
+            session = WireSession(sock=ours)
+        else:
+            session = self._session(transport)
+        try:
+            latencies: list[float] = []
+            start = now()
+            for index in range(count):
+                begin = now()
+                if index:
+                    session.open_next(argv, pty=False)
+                else:
+                    session.start(argv, pty=False, multiplex=True)
+                session.count_until_exit()
+                latencies.append(now() - begin)
+                if session.exit is None or session.exit.get("code") != 0:
+                    raise RuntimeError(f"{argv[0]}: exit {session.exit}")
+            return SessionRun(latencies, now() - start)
+        finally:
+            session.close()
+            if child is not None:
+                child.wait(timeout=20)  # our end closed: its EOF ends it
 
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:
@@ -451,6 +493,10 @@ class TtyserveLibSystem(TtyserveSystem):
 
     def fanout(self, targets: int, parallel: int) -> float:
         raise NotApplicable
+
+    def sessions_one_connection(self, argv: list[str], count: int, transport: str
+                                ) -> SessionRun:
+        raise NotApplicable  # the ttyserve column measures it with the wire client
 
     def startup(self, transport: str) -> float:
         """The library in a running program: connect, run `true`, learn its exit."""

@@ -52,12 +52,14 @@ def connect_socket(address: str) -> socket.socket:
 
 
 class WireSession:
-    """One connection carrying one session on channel 1."""
+    """One connection carrying a session on channel 1; with `multiplex`, a next one on
+    channel 2 once it ended (`open_next`), and so on."""
 
-    CHANNEL = 1
-
-    def __init__(self, address: str, token: str | None = None) -> None:
-        self.sock = connect_socket(address)
+    def __init__(self, address: str | None = None, token: str | None = None,
+                 sock: socket.socket | None = None) -> None:
+        """A connection to ``address``, or over ``sock`` (a socketpair to `serve --stdio`)."""
+        self.sock = sock if sock is not None else connect_socket(address or "")
+        self.channel = 1
         self._buf = bytearray(SMALL_BUFFER)
         self._view = memoryview(self._buf)
         self._bulk: bytearray | None = None
@@ -80,19 +82,27 @@ class WireSession:
 
     # --- sending --------------------------------------------------------------
 
-    def start(self, argv: list[str], pty: bool, rows: int = 24, cols: int = 80) -> None:
+    def start(self, argv: list[str], pty: bool, rows: int = 24, cols: int = 80,
+              multiplex: bool = False) -> None:
         """Send `hello` and `open` in one write (pipelined, as the contract allows)."""
-        hello: dict[str, Any] = {"type": "hello", "protocol": 1, "client": "ttyserve-bench"}
+        hello: dict[str, Any] = {"type": "hello", "protocol": 1, "client": "ttyserve-bench",
+                                 "multiplex": multiplex}
         if self._token is not None:
             hello["token"] = self._token
         opening = {"type": "open", "argv": argv, "pty": pty, "rows": rows, "cols": cols}
-        self.sock.sendall(control(0, hello) + control(self.CHANNEL, opening))
+        self.sock.sendall(control(0, hello) + control(self.channel, opening))
+
+    def open_next(self, argv: list[str], pty: bool) -> None:
+        """On a multiplexed connection whose session ended: the next one, a channel up."""
+        self.channel += 1
+        self.pid = self.exit = None
+        self.sock.sendall(control(self.channel, {"type": "open", "argv": argv, "pty": pty}))
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(frame(STDIN, self.CHANNEL, data))
+        self.sock.sendall(frame(STDIN, self.channel, data))
 
     def eof(self) -> None:
-        self.sock.sendall(control(self.CHANNEL, {"type": "eof"}))
+        self.sock.sendall(control(self.channel, {"type": "eof"}))
 
     # --- receiving ------------------------------------------------------------
 
@@ -116,7 +126,7 @@ class WireSession:
         kind = message.get("type")
         if kind == "error":
             raise WireError(f"channel {channel}: {message.get('code')}: {message.get('message')}")
-        if channel != self.CHANNEL:
+        if channel != self.channel:
             return
         if kind == "opened":
             self.pid = message["pid"]

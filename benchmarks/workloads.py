@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .procs import Usage, cpu_seconds
 from .stats import Summary, number, percentile
-from .systems import System
+from .systems import NotApplicable, System
 
 ECHO_ARGV = ["sh", "-c", "stty raw -echo && printf R && exec cat"]
 TARGET_SYSTEM = "ttyserve"
@@ -217,6 +217,12 @@ def measure_session_rate(system: System, ctx: Context) -> dict[str, float]:
         run = system.sessions(["true"], ctx.sizes.sessions, transport=used)
         values[f"rate_{transport}"] = len(run.latencies) / run.seconds
         values[f"p50_ms_{transport}"] = percentile(run.latencies, 50) * 1e3
+    for key, transport in (("mux", "unix"), ("stdio", "stdio")):
+        try:
+            run = system.sessions_one_connection(["true"], ctx.sizes.sessions, transport)
+        except NotApplicable:
+            continue
+        values[f"rate_{key}"] = len(run.latencies) / run.seconds
     return values
 
 
@@ -361,8 +367,11 @@ WORKLOADS = [
     Workload(
         "session_rate", "Session rate: sequential `true` sessions, a new connection each",
         [Metric("rate_unix", "sessions/s unix", True), Metric("p50_ms_unix", "p50 ms unix"),
-         Metric("rate_tcp", "sessions/s tcp", True), Metric("p50_ms_tcp", "p50 ms tcp")],
+         Metric("rate_tcp", "sessions/s tcp", True), Metric("p50_ms_tcp", "p50 ms tcp"),
+         Metric("rate_mux", "sessions/s, one multiplexed unix connection", True),
+         Metric("rate_stdio", "sessions/s, one serve --stdio connection", True)],
         [Target("rate_unix", ">=", 0.6, "raw"), Target("rate_tcp", ">=", 0.6, "raw"),
+         Target("rate_mux", ">=", 0.75, "raw"),
          Target("rate_tcp", ">=", 4, "asyncssh")],
         ALL_SYSTEMS, measure_session_rate),
     Workload(

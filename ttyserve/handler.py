@@ -34,7 +34,7 @@ from .protocol.server import (
     StdinReceived,
 )
 from .registry import SessionRegistry, shutting_down
-from .transport import SocketTransport, Transport
+from .transport import PipeTransport, SocketTransport, Transport
 from .version import __version__
 
 log = logging.getLogger("ttyserve")
@@ -53,8 +53,9 @@ class ConnectionHandler:
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
         settings = registry.settings
         self.transport = transport
-        # A socket is read from the loop's readiness callback once the handshake is done.
-        self._socket = transport if isinstance(transport, SocketTransport) else None
+        # A socket or pipe is read from the loop's readiness callback after the handshake.
+        self._socket = (transport if isinstance(transport, SocketTransport | PipeTransport)
+                        else None)
         self.peer = peer
         self.registry = registry
         self.gate = gate

@@ -273,7 +273,8 @@ class Session:
                 for observer in self.observers:
                     observer.exited(status)
                 await self._deliver_exit(status)
-                tg.cancel_scope.cancel()
+                if self._input_pump_running:  # the pumps are done; an input pump may wait on
+                    tg.cancel_scope.cancel()
             return status
         finally:
             self._task_group = None
@@ -385,6 +386,7 @@ class Session:
             if data:
                 await self._deliver(kind, data)
         finally:
+            reading.now = False  # ended: nothing to cut short (a cancel costs a task's repr)
             self._open_outputs -= 1
             if self._open_outputs == 0 and self._outputs_done is not None:
                 self._outputs_done.set()

@@ -134,20 +134,30 @@ class PipeTransport:
             os.set_blocking(fd, False)
 
     async def receive(self, max_bytes: int) -> bytes:
+        while (data := self.receive_nowait(max_bytes)) is None:
+            assert self.read_fd is not None
+            await anyio.wait_readable(self.read_fd)
+        return data
+
+    def receive_nowait(self, max_bytes: int) -> bytes | None:
+        """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`."""
         fd = self.read_fd
         if fd is None:
             raise anyio.ClosedResourceError
-        while True:
-            try:
-                data = os.read(fd, max_bytes)
-            except BlockingIOError:
-                await anyio.wait_readable(fd)
-                continue
-            except OSError as exc:
-                raise _broken(exc) from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
+        try:
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _broken(exc) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
+        """As `SocketTransport.serve_readable`, on the read side."""
+        fd = self.read_fd
+        return fd is not None and await serve_readable(fd, callback)
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         if self.write_fd is None:
