@@ -348,10 +348,14 @@ class TtyserveSystem(System):
         child: subprocess.Popen[bytes] | None = None
         if transport == "stdio":
             ours, theirs = socket.socketpair()
-            with theirs:
+            with theirs, contextlib.ExitStack() as on_error:
+                on_error.callback(ours.close)
+                env = {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
                 child = subprocess.Popen([*ttyserve_command(), "serve", "--stdio"],
                                          stdin=theirs.fileno(), stdout=theirs.fileno(),
-                                         stderr=subprocess.DEVNULL)
+                                         stderr=subprocess.DEVNULL, env=env,
+                                         cwd=self.server.workdir)
+                on_error.pop_all()
             session = WireSession(sock=ours)
         else:
             session = self._session(transport)
@@ -375,7 +379,12 @@ class TtyserveSystem(System):
         finally:
             session.close()
             if child is not None:
-                child.wait(timeout=20)  # our end closed: its EOF ends it
+                try:
+                    child.wait(timeout=20)  # our end closed: its EOF ends it
+                finally:
+                    if child.poll() is None:
+                        child.kill()
+                        child.wait()
 
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:

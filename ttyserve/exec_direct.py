@@ -114,8 +114,10 @@ class _Session:
                 sent = self.sock.send(self.outgoing)
             except BlockingIOError:
                 return
-            except OSError:
+            except (BrokenPipeError, ConnectionResetError):
                 self.broken = True
+            except OSError as exc:
+                raise ConnectionLost(f"send failed: {exc.strerror or exc}") from exc
             else:
                 del self.outgoing[:sent]
         if self.broken:

@@ -45,6 +45,9 @@ async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
     done = loop.create_future()
 
     def readable() -> None:
+        if done.done():  # cancelled: the task has not removed us yet, and will
+            loop.remove_reader(fd)
+            return
         try:
             if callback():
                 return
@@ -60,7 +63,7 @@ async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
     try:
         # A copy each: a context cannot be entered twice at once (loops in two threads).
         loop.add_reader(fd, _CALLBACK_CONTEXT.copy().run, readable)
-    except NotImplementedError:  # a proactor loop (Windows)
+    except (NotImplementedError, PermissionError):  # a proactor loop; a regular file
         return False
     try:
         await done

@@ -275,6 +275,7 @@ class Session:
                 await self._deliver_exit(status)
                 if self._input_pump_running:  # the pumps are done; an input pump may wait on
                     tg.cancel_scope.cancel()
+                self._task_group = None  # no input pump starts now: the group is closing
             return status
         finally:
             self._task_group = None

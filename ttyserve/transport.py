@@ -130,6 +130,9 @@ class PipeTransport:
         self.read_fd: int | None = read_fd
         self.write_fd: int | None = write_fd
         self._blocking = {fd: os.get_blocking(fd) for fd in (read_fd, write_fd)}
+        # One socket or terminal on both: its blocking mode is shared, so it is put back
+        # only when the second descriptor is closed (else the other side would block).
+        self._one_file = os.path.samestat(os.fstat(read_fd), os.fstat(write_fd))
         for fd in (read_fd, write_fd):
             os.set_blocking(fd, False)
 
@@ -186,19 +189,22 @@ class PipeTransport:
         except OSError as exc:
             raise _broken(exc) from exc
         finally:
-            self._release(fd)
+            self._release(fd, self.read_fd)
 
-    def _release(self, fd: int) -> None:
+    def _release(self, fd: int, other: int | None) -> None:
         anyio.notify_closing(fd)
-        with contextlib.suppress(OSError):
-            os.set_blocking(fd, self._blocking[fd])
+        if not (self._one_file and other is not None):
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, self._blocking[fd])
         os.close(fd)
 
     async def aclose(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            if fd is not None:
-                self._release(fd)
+        read_fd, write_fd = self.read_fd, self.write_fd
         self.read_fd = self.write_fd = None
+        if read_fd is not None:
+            self._release(read_fd, write_fd)
+        if write_fd is not None:
+            self._release(write_fd, None)
 
 
 class SocketByteStream(anyio.abc.ByteStream):

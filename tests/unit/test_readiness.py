@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -77,3 +78,15 @@ async def test_no_readiness_callbacks_under_trio(anyio_backend: str) -> None:
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+@pytest.mark.asyncio
+async def test_a_regular_file_is_not_served(tmp_path: Path) -> None:
+    """epoll refuses regular files (`serve --stdio < requests`): the caller reads as usual."""
+    path = tmp_path / "requests"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not await serve_readable(fd, lambda: False)
+    finally:
+        os.close(fd)
