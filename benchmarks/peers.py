@@ -37,6 +37,7 @@ from .systems import (
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 20.0
+PRIVSEP_DIR = Path("/run/sshd")  # sshd as root refuses to start without it
 READ_SIZE = 256 * 1024
 
 
@@ -240,6 +241,7 @@ class OpenSSHSystem(System):
         self.dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.made_privsep = False
 
     def unavailable(self) -> str | None:
         if find_sshd() is None:
@@ -268,6 +270,9 @@ class OpenSSHSystem(System):
 
     def start(self) -> None:
         self.dir = directory = self._setup()
+        if os.geteuid() == 0 and not PRIVSEP_DIR.exists():
+            PRIVSEP_DIR.mkdir(mode=0o755)
+            self.made_privsep = True
         sshd = find_sshd()
         assert sshd is not None
         err = directory / "stderr"
@@ -294,6 +299,10 @@ class OpenSSHSystem(System):
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+        if self.made_privsep:
+            self.made_privsep = False
+            with contextlib.suppress(OSError):
+                PRIVSEP_DIR.rmdir()
 
     def server_pids(self) -> list[int]:
         if self.process is None:

@@ -64,6 +64,10 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def say(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
@@ -287,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = 60.0 if args.quick else 90.0  # seconds for one measurement: ~10 s is typical
     nofile = procs.raise_nofile_limit()
     selected = [BY_NAME[name] for name in args.only] if args.only else WORKLOADS
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the servers and print, as Ctrl-C does
     workdir = tempfile.mkdtemp(prefix="ttyserve-bench-")
     results: dict[str, WorkloadResult] = {}
     skipped: dict[str, str] = {}
