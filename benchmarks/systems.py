@@ -105,6 +105,7 @@ class System:
 
     name = "?"
     transports: tuple[str, ...] = ()
+    most_sessions: int | None = None  # a cap on sequential sessions per measure (slow peers)
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or None."""

@@ -214,7 +214,8 @@ def measure_session_rate(system: System, ctx: Context) -> dict[str, float]:
             values[f"rate_{transport}"] = values["rate_unix"]
             values[f"p50_ms_{transport}"] = values["p50_ms_unix"]
             continue
-        run = system.sessions(["true"], ctx.sizes.sessions, transport=used)
+        count = min(ctx.sizes.sessions, system.most_sessions or ctx.sizes.sessions)
+        run = system.sessions(["true"], count, transport=used)
         values[f"rate_{transport}"] = len(run.latencies) / run.seconds
         values[f"p50_ms_{transport}"] = percentile(run.latencies, 50) * 1e3
     for key, transport in (("mux", "unix"), ("stdio", "stdio")):
@@ -381,7 +382,8 @@ WORKLOADS = [
          Metric("echo_p50_ms", "last echo p50 ms"), Metric("echo_p99_ms", "last echo p99 ms"),
          Metric("open_rate", "opens/s", True)],
         [Target("rss_kib_per_session", "<=", 20), Target("echo_p50_ms", "<", 20)],
-        ("raw", "ttyserve", "asyncssh", "openssh"), measure_scale, fresh_server_per_rep=True,
+        # Not OpenSSH: a client and two sshd processes per session, 1,000 do not open in 90 s.
+        ("raw", "ttyserve", "asyncssh"), measure_scale, fresh_server_per_rep=True,
         reps=3),
     Workload(
         "scale_pipes", "Scale: `cat` sessions in pipe mode on multiplexed connections "
