@@ -1,0 +1,173 @@
+"""Would splice(2) pay on the output path? The server's relay with and without it.
+
+Server side: a command's stdout pipe is relayed into a socket as framed
+output, the way the server does it: read up to 128 KiB from the pipe and send a
+frame header and the bytes with one sendmsg (two copies), or send the header
+and `splice` the same bytes from the pipe into the socket (one copy fewer where
+the socket takes pages). A reader process drains the socket.
+
+Client side (`exec` writing to a pipe): the reader takes each frame's header,
+then either receives the payload and writes it to its stdout pipe, or splices
+it from the socket into that pipe; `cat > /dev/null` drains the pipe.
+
+Run: `python -m benchmarks.splice_probe`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import resource
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+CHUNK = 128 * 1024  # the server's largest output frame (session.READ_SIZE)
+PIPE_SIZE = 1 << 20
+HEADER = struct.Struct("!BII")  # a frame header's size and shape, not its exact fields
+
+
+def _producer(size: int) -> subprocess.Popen[bytes]:
+    producer = subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE)
+    assert producer.stdout is not None
+    fcntl.fcntl(producer.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    return producer
+
+
+def _relay_copy(pipe: int, sock: socket.socket) -> None:
+    while data := os.read(pipe, CHUNK):  # as the server sends: header and bytes in one call
+        sent = sock.sendmsg([HEADER.pack(1, 1, len(data)), data])
+        if sent < HEADER.size + len(data):
+            sock.sendall(memoryview(HEADER.pack(1, 1, len(data)) + data)[sent:])
+
+
+def _relay_splice(pipe: int, sock: socket.socket) -> None:
+    available = bytearray(4)
+    out = sock.fileno()
+    while True:
+        fcntl.ioctl(pipe, termios.FIONREAD, available)
+        n = min(int.from_bytes(available, sys.byteorder), CHUNK)
+        if n == 0:  # empty, or at its end: one blocking read of a byte says which
+            first = os.read(pipe, 1)
+            if not first:
+                return
+            sock.sendall(HEADER.pack(1, 1, 1) + first)
+            continue
+        sock.sendall(HEADER.pack(1, 1, n), socket.MSG_MORE)
+        while n:  # the frame stays in flight until its last byte is spliced
+            n -= os.splice(pipe, out, n)
+
+
+def _drain(sock: socket.socket) -> int:
+    """Read the socket to its end; the bytes read."""
+    buf, total = bytearray(1 << 20), 0
+    while got := sock.recv_into(buf):
+        total += got
+    return total
+
+
+def _frames_to(sock: socket.socket, out: int, method: str) -> int:
+    """Each frame's payload to ``out`` (a pipe), received and written, or spliced."""
+    buf = bytearray(CHUNK)
+    view, total = memoryview(buf), 0
+    while header := sock.recv(HEADER.size, socket.MSG_WAITALL):
+        n = HEADER.unpack(header)[2]
+        total += HEADER.size + n
+        if method == "splice":
+            while n:
+                n -= os.splice(sock.fileno(), out, n)
+            continue
+        got = sock.recv_into(view[:n], n, socket.MSG_WAITALL)
+        written = 0
+        while written < got:
+            written += os.write(out, view[written:got])
+    return total
+
+
+def _pair(kind: str) -> tuple[socket.socket, socket.socket]:
+    if kind == "unix":
+        return socket.socketpair()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client, accepted
+
+
+def run(kind: str, side: str, method: str, size: int) -> tuple[float, float]:
+    """One relay of ``size`` bytes: (MB/s, CPU s/GB of the side measured)."""
+    sender, receiver = _pair(kind)
+    drain_method = method if side == "client" else "drain"
+    sink = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert sink.stdin is not None
+    fcntl.fcntl(sink.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    drain = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.splice_probe", "--drain", drain_method,
+         str(receiver.fileno()), str(sink.stdin.fileno())],
+        pass_fds=[receiver.fileno(), sink.stdin.fileno()], stdout=subprocess.PIPE)
+    receiver.close()
+    sink.stdin.close()
+    producer = _producer(size)
+    assert producer.stdout is not None
+    began = time.perf_counter()
+    relay = _relay_splice if side == "server" and method == "splice" else _relay_copy
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    relay(producer.stdout.fileno(), sender)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    sender.shutdown(socket.SHUT_WR)
+    out, _ = drain.communicate()
+    sink.wait()
+    seconds = time.perf_counter() - began
+    sender.close()
+    producer.stdout.close()
+    producer.wait()
+    got, client_cpu = out.split()
+    if int(got) < size:
+        raise RuntimeError(f"the reader got {int(got)} of {size} bytes")
+    cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+           if side == "server" else float(client_cpu))
+    return size / seconds / 1e6, cpu / (size / 1e9)
+
+
+def drain_main(method: str, sock_fd: int, out: int) -> int:
+    """The reader process: drain the socket (or relay its frames to ``out``); print the
+    bytes read and its CPU seconds."""
+    sock = socket.socket(fileno=sock_fd)
+    total = _drain(sock) if method == "drain" else _frames_to(sock, out, method)
+    os.close(out)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(total, usage.ru_utime + usage.ru_stime)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1 << 30)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--drain", nargs=3, metavar=("METHOD", "SOCKET_FD", "OUT_FD"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drain:
+        return drain_main(args.drain[0], int(args.drain[1]), int(args.drain[2]))
+    for side in ("server", "client"):
+        for kind in ("unix", "tcp"):
+            results: dict[str, list[tuple[float, float]]] = {"copy": [], "splice": []}
+            for _ in range(args.reps):  # alternating, so the machine's noise hits both
+                for method in results:
+                    results[method].append(run(kind, side, method, args.size))
+            for method, values in results.items():
+                rate = statistics.median(v[0] for v in values)
+                cpu = statistics.median(v[1] for v in values)
+                low, high = min(v[0] for v in values), max(v[0] for v in values)
+                print(f"{side:6} {kind:4} {method:6} {rate:8,.0f} MB/s ({low:,.0f}-{high:,.0f})"
+                      f"  {side} CPU {cpu:.3f} s/GB", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
