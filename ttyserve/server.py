@@ -15,10 +15,10 @@ import signal
 import socket
 import ssl
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSStream
 
 from .addresses import Address
 from .auth import Gate, Peer, peer_of
@@ -30,7 +30,9 @@ from .protocol.server import ServerConnection
 from .registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .transport import SocketByteStream, SocketTransport, StreamTransport, Transport, send_all
-from .web.http import FrontDoor
+
+if TYPE_CHECKING:
+    from .web.http import FrontDoor
 
 log = logging.getLogger("ttyserve")
 
@@ -217,6 +219,8 @@ class Server:
             with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
                 try:
                     if listener.encrypted:
+                        from anyio.streams.tls import TLSStream  # only tls: and wss: need it
+
                         stream = await anyio.abc.SocketStream.from_socket(sock)
                         assert self.tls is not None
                         stream = await TLSStream.wrap(stream, server_side=True,
@@ -251,6 +255,8 @@ class Server:
     def _front_door(self) -> FrontDoor:
         """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""
         if self._web is None:
+            from .web.http import FrontDoor  # h11 and wsproto: ~25 ms of every start-up
+
             self._web = FrontDoor(self.settings.allowed_origins)
         return self._web
 
