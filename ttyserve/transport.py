@@ -10,6 +10,7 @@ loses or splits data: bytes are either in the kernel or still the caller's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import stat
@@ -56,6 +57,19 @@ def _broken(exc: OSError) -> anyio.BrokenResourceError:
     return error
 
 
+def _read_nowait(read: Callable[[int], bytes], max_bytes: int) -> bytes | None:
+    """What ``read`` returns now; None when nothing has arrived. Raises as `receive`."""
+    try:
+        data = read(max_bytes)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise _broken(exc) from exc
+    if not data:
+        raise anyio.EndOfStream
+    return data
+
+
 class SocketTransport:
     """A connected, non-blocking stream socket (Unix or TCP)."""
 
@@ -75,15 +89,7 @@ class SocketTransport:
 
     def receive_nowait(self, max_bytes: int) -> bytes | None:
         """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`."""
-        try:
-            data = self.sock.recv(max_bytes)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            raise _broken(exc) from exc
-        if not data:
-            raise anyio.EndOfStream
-        return data
+        return _read_nowait(self.sock.recv, max_bytes)
 
     async def serve_readable(self, callback: Callable[[], bool]) -> bool:
         """Have the loop run ``callback`` whenever the socket is readable, until it returns
@@ -147,15 +153,7 @@ class PipeTransport:
         fd = self.read_fd
         if fd is None:
             raise anyio.ClosedResourceError
-        try:
-            data = os.read(fd, max_bytes)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            raise _broken(exc) from exc
-        if not data:
-            raise anyio.EndOfStream
-        return data
+        return _read_nowait(functools.partial(os.read, fd), max_bytes)
 
     async def serve_readable(self, callback: Callable[[], bool]) -> bool:
         """As `SocketTransport.serve_readable`, on the read side."""
