@@ -176,9 +176,12 @@ async def open_browser(width: int = 900, height: int = 600) -> AsyncIterator[Bro
         os.dup2(commands, 3)
         os.dup2(answers, 4)
 
+    # TMPDIR: its singleton socket directory goes in the profile, which we remove (killed,
+    # it never removes that directory itself).
     process = subprocess.Popen(argv, pass_fds=(3, 4), preexec_fn=wire_pipes,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, "TMPDIR": profile})
     os.close(commands_read)
     os.close(answers_write)
     os.set_blocking(commands_write, False)
