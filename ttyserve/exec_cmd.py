@@ -27,22 +27,24 @@ from .errors import (
     ConnectionLost,
     RemoteProtocolError,
     SessionDetached,
-    TargetFailure,
 )
 from .exec_report import (
     FORWARDED,
     ExecFailure,
     ExecOptions,
     Output,
+    connection_ended,
     exit_members,
-    failure,
-    report,
+    output_closed,
+    retry_delay,
     say,
+    second_interrupt,
+    stopped_before_start,
     tell,
 )
 from .exitcodes import ExecExit, exec_exit_code
 from .protocol.messages import DEFAULT_TERM, STOLEN
-from .retry import RETRIED, backoff, retriable
+from .retry import RETRIED
 from .terminal import DetachKey
 
 READ_SIZE = 64 * 1024
@@ -89,12 +91,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
                         env=options.env, cwd=options.cwd, detachable=options.detachable)
             except RETRIED as exc:
-                may_retry, hint = retriable(exc)
-                if not may_retry or attempt == options.retries:
-                    raise failure(exc, options, may_retry) from exc
-                delay = backoff(attempt, hint)
-                report(exc, options, f"retrying in {delay:.2f}s "
-                                      f"({attempt + 1}/{options.retries})")
+                delay = retry_delay(exc, options, attempt)
                 await stack.aclose()
                 await anyio.sleep(delay)  # a signal to stop ends it (_stop_while_opening)
                 continue
@@ -182,7 +179,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 if pty:
                     await session.resize(*terminal.window_size(0 if raw else 1))
             elif signum == signal.SIGINT and interrupted:
-                abort = ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
+                abort = second_interrupt()
                 scope.cancel()
             elif signum == signal.SIGHUP and session.id is not None:
                 await session.detach()  # our terminal went away: the session is to outlive it
@@ -200,8 +197,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 try:
                     out.data(chunk.stream, chunk.data)
                 except BrokenPipeError:
-                    abort = ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGPIPE,
-                                        "local output closed")
+                    abort = output_closed()
                     break
         except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc
@@ -236,11 +232,7 @@ async def _exec(options: ExecOptions) -> int:
             watching.cancel()
     if code is not None:
         return code
-    signum = stopped[0]
-    message = f"{signal.Signals(signum).name} before the command started: nothing was started"
-    say(message)
-    out.event("error", message=message)
-    return ExecExit.INTERRUPTED if signum == signal.SIGINT else ExecExit.SIGNAL_BASE + signum
+    return stopped_before_start(stopped[0], out)
 
 
 async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterator[int],
@@ -269,20 +261,9 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
         tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
         return ExecExit.DETACHED
     except ExecFailure as exc:
-        (tell if exc.told else say)(str(exc))
-        out.event("error", **exc.members)
-        return exc.code
+        return exc.said(out)
     except (ConnectionLost, RemoteProtocolError) as exc:
-        if session_id is not None:
-            say(f"{exc}; the session goes on: ttyserve attach {session_id}")
-        elif not opened and isinstance(exc, RemoteProtocolError):
-            say(f"{exc}; nothing ran")
-            out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
-                                  "message": str(exc)})
-        else:
-            say(f"{exc}; the exit status is unknown (the command may have run: not "
-                 "retried)")
-        return ExecExit.FAILURE
+        return connection_ended(exc, out, opened, session_id)
     raise AssertionError("unreachable")
 
 

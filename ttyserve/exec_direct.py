@@ -17,19 +17,21 @@ import time
 from types import FrameType
 
 from .defaults import CLIENT_NAME
-from .errors import ConnectionLost, RemoteProtocolError, TargetFailure
+from .errors import ConnectionLost, RemoteProtocolError
 from .exec_report import (
     FORWARDED,
     ExecFailure,
     ExecOptions,
     Output,
+    connection_ended,
     exit_members,
-    failure,
-    report,
+    output_closed,
+    retry_delay,
     say,
-    tell,
+    second_interrupt,
+    stopped_before_start,
 )
-from .exitcodes import ExecExit, exec_exit_code
+from .exitcodes import exec_exit_code
 from .protocol.client import (
     ClientConnection,
     ErrorReceived,
@@ -40,7 +42,7 @@ from .protocol.client import (
 )
 from .protocol.frames import FrameKind
 from .protocol.messages import PROTOCOL_VERSION, Eof, Exit, Hello, Open, Signal, request_error
-from .retry import RETRIED, backoff, retriable
+from .retry import RETRIED
 from .terminal import window_size
 
 READ_SIZE = 64 * 1024  # what one read of our stdin takes
@@ -189,12 +191,8 @@ def _open_with_retries(options: ExecOptions, signals: _Signals) -> _Session:
         try:
             return _open(options, signals)
         except RETRIED as exc:
-            may_retry, hint = retriable(exc)
-            if not may_retry or attempt == options.retries:
-                raise failure(exc, options, may_retry) from exc
-            delay = backoff(attempt, hint)
-            report(exc, options, f"retrying in {delay:.2f}s ({attempt + 1}/{options.retries})")
-            time.sleep(delay)  # a signal to stop ends it (_Signals raises _Stopped)
+            # A signal to stop ends the wait: _Signals raises _Stopped.
+            time.sleep(retry_delay(exc, options, attempt))
     raise AssertionError("unreachable")
 
 
@@ -229,7 +227,7 @@ def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool)
             if signum == signal.SIGINT and interrupted:
                 session.outgoing += core.cancel(CHANNEL)
                 session.send_now()
-                raise ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
+                raise second_interrupt()
             interrupted = interrupted or signum == signal.SIGINT
             name = FORWARDED[signal.Signals(signum)]
             session.outgoing += core.control(CHANNEL, Signal(name=name))
@@ -251,8 +249,7 @@ def _act(session: _Session, out: Output) -> None:
             except BrokenPipeError:
                 session.outgoing += core.cancel(CHANNEL)
                 session.send_now()
-                raise ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGPIPE,
-                                  "local output closed") from None
+                raise output_closed() from None
         elif isinstance(event, ExitReceived):
             session.status = event.exit
         elif isinstance(event, ErrorReceived) and event.channel == 0:
@@ -290,26 +287,13 @@ def exec_direct(options: ExecOptions) -> int:
             finally:
                 signals.opening = False  # a signal now is the session's, or is ignored
         except _Stopped as exc:
-            message = (f"{signal.Signals(exc.signum).name} before the command started: "
-                       "nothing was started")
-            say(message)
-            out.event("error", message=message)
-            return (ExecExit.INTERRUPTED if exc.signum == signal.SIGINT
-                    else ExecExit.SIGNAL_BASE + exc.signum)
+            return stopped_before_start(exc.signum, out)
         out.event("opened", pid=session.pid)
         return _stream(session, signals, out, stdin_open)
     except ExecFailure as exc:
-        (tell if exc.told else say)(str(exc))
-        out.event("error", **exc.members)
-        return exc.code
+        return exc.said(out)
     except (ConnectionLost, RemoteProtocolError) as exc:
-        if session is None and isinstance(exc, RemoteProtocolError):
-            say(f"{exc}; nothing ran")
-            out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
-                                  "message": str(exc)})
-        else:
-            say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
-        return ExecExit.FAILURE
+        return connection_ended(exc, out, opened=session is not None)
     finally:
         signals.close()
         if session is not None:

@@ -14,10 +14,18 @@ import msgspec
 
 from .addresses import Address
 from .defaults import DEFAULT_REMOTE_COMMAND
-from .errors import CarrierError, ErrorCode, RequestError
+from .errors import (
+    CarrierError,
+    ConnectionLost,
+    ErrorCode,
+    RemoteProtocolError,
+    RequestError,
+    TargetFailure,
+)
 from .exitcodes import ExecExit, exec_spawn_failure_code
 from .lines import write_all
 from .protocol.messages import Error, Exit, SignalName, error_message
+from .retry import backoff, retriable
 
 FORWARDED: dict[signal.Signals, SignalName] = {
     signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGHUP: "HUP", signal.SIGQUIT: "QUIT",
@@ -56,6 +64,44 @@ class ExecFailure(Exception):
         self.code = code
         self.members = members or {"message": message}
         self.told = told
+
+    def said(self, out: Output) -> int:
+        """Say it (stderr, and the `--json` error event); the exit code."""
+        (tell if self.told else say)(str(self))
+        out.event("error", **self.members)
+        return self.code
+
+
+def output_closed() -> ExecFailure:
+    """Our stdout was closed under us: end as a process that SIGPIPE killed would."""
+    return ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGPIPE, "local output closed")
+
+
+def second_interrupt() -> ExecFailure:
+    """A second SIGINT here: the session is cancelled (contracts.md: exit 130)."""
+    return ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
+
+
+def stopped_before_start(signum: int, out: Output) -> int:
+    """A signal to stop came before the command started: say so; the exit code."""
+    message = f"{signal.Signals(signum).name} before the command started: nothing was started"
+    say(message)
+    out.event("error", message=message)
+    return ExecExit.INTERRUPTED if signum == signal.SIGINT else ExecExit.SIGNAL_BASE + signum
+
+
+def connection_ended(exc: ConnectionLost | RemoteProtocolError, out: Output, opened: bool,
+                     session_id: str | None = None) -> int:
+    """The connection broke or was misused: say what that means for the command."""
+    if session_id is not None:
+        say(f"{exc}; the session goes on: ttyserve attach {session_id}")
+    elif not opened and isinstance(exc, RemoteProtocolError):
+        say(f"{exc}; nothing ran")
+        out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
+                              "message": str(exc)})
+    else:
+        say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
+    return ExecExit.FAILURE
 
 
 def say(message: str) -> None:
@@ -115,7 +161,18 @@ def exit_members(status: Exit) -> dict[str, object]:
     ) if v is not None}
 
 
-def describe(exc: BaseException, options: ExecOptions) -> str:
+def retry_delay(exc: BaseException, options: ExecOptions, attempt: int) -> float:
+    """A try before `opened` failed: the wait before the next, said on stderr. Raises the
+    ExecFailure to end with when no retry is left or none can help."""
+    may_retry, hint = retriable(exc)
+    if not may_retry or attempt == options.retries:
+        raise _failure(exc, options, may_retry) from exc
+    delay = backoff(attempt, hint)
+    _report(exc, options, f"retrying in {delay:.2f}s ({attempt + 1}/{options.retries})")
+    return delay
+
+
+def _describe(exc: BaseException, options: ExecOptions) -> str:
     if isinstance(exc, RequestError):
         return f"the server refused: {exc.code}: {exc.message}"
     if isinstance(exc, OSError):
@@ -123,19 +180,19 @@ def describe(exc: BaseException, options: ExecOptions) -> str:
     return str(exc)
 
 
-def report(exc: BaseException, options: ExecOptions, then: str) -> None:
+def _report(exc: BaseException, options: ExecOptions, then: str) -> None:
     """Say that a try failed and what happens next (a retry)."""
     if isinstance(exc, CarrierError):
         tell(f"{options.target}: {exc}; {then}")
     else:
-        say(f"{describe(exc, options)}; {then}")
+        say(f"{_describe(exc, options)}; {then}")
 
 
-def failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
+def _failure(exc: BaseException, options: ExecOptions, retriable: bool) -> ExecFailure:
     if isinstance(exc, CarrierError):  # the contract's line: TARGET: CLASS: explanation
         return ExecFailure(ExecExit.FAILURE, f"{options.target}: {exc}",
                            carrier_members(exc), told=True)
-    message = f"{describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
+    message = f"{_describe(exc, options)} ({'a retry may help' if retriable else 'not retriable'})"
     if isinstance(exc, RequestError):
         code: int = ExecExit.FAILURE
         if exc.code == ErrorCode.SPAWN_FAILED:
