@@ -10,7 +10,6 @@ loses or splits data: bytes are either in the kernel or still the caller's.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import socket
 import stat
@@ -57,10 +56,11 @@ def _broken(exc: OSError) -> anyio.BrokenResourceError:
     return error
 
 
-def _read_nowait(read: Callable[[int], bytes], max_bytes: int) -> bytes | None:
-    """What ``read`` returns now; None when nothing has arrived. Raises as `receive`."""
+def _read_nowait(read: Callable[..., bytes], *args: int) -> bytes | None:
+    """What ``read(*args)`` returns now; None when nothing has arrived. Raises as
+    `receive`."""
     try:
-        data = read(max_bytes)
+        data = read(*args)
     except BlockingIOError:
         return None
     except OSError as exc:
@@ -153,7 +153,7 @@ class PipeTransport:
         fd = self.read_fd
         if fd is None:
             raise anyio.ClosedResourceError
-        return _read_nowait(functools.partial(os.read, fd), max_bytes)
+        return _read_nowait(os.read, fd, max_bytes)
 
     async def serve_readable(self, callback: Callable[[], bool]) -> bool:
         """As `SocketTransport.serve_readable`, on the read side."""
