@@ -317,3 +317,10 @@ async def echo_through_cat(conn: Connection, copies: int, payload: bytes) -> lis
             tg.start_soon(echo, index)
     return [results[index] for index in range(copies)]
 
+
+def wait_for_line(proc: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
+    """The next line ``proc`` writes to its stdout, failing if none comes in ``timeout``."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no output in time"
+    return proc.stdout.readline()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import select
 import signal
 import stat
 import subprocess
@@ -13,7 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SH, ServerProcess, processes_in_group, start_server, ttyserve_command
+from helpers import (
+    SH,
+    ServerProcess,
+    processes_in_group,
+    start_server,
+    ttyserve_command,
+    wait_for_line,
+)
 
 from ttyserve.exitcodes import ExecExit
 
@@ -106,13 +112,6 @@ def test_retries_wait_for_a_server_that_comes_up(short_dir: Path) -> None:
         assert out == b"finally\n"
     finally:
         server.stop()
-
-
-def wait_for_line(proc: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "no output in time"
-    return proc.stdout.readline()
 
 
 def test_first_sigint_is_forwarded_second_cancels_with_130(server_process: ServerProcess) -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import SH, ServerProcess, start_server, ttyserve_command
+from helpers import SH, ServerProcess, start_server, ttyserve_command, wait_for_line
 
 from ttyserve.exitcodes import ExecExit
 
@@ -65,19 +65,23 @@ def test_closed_output_is_141_and_the_session_is_cancelled(
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    opened = json.loads(proc.stdout.readline())
-    assert opened["event"] == "opened"
-    remote = os.pidfd_open(opened["pid"])
+    remote: int | None = None
     try:
-        assert json.loads(proc.stdout.readline())["event"] == "stdout"
+        opened = json.loads(wait_for_line(proc))
+        assert opened["event"] == "opened"
+        remote = os.pidfd_open(opened["pid"])  # before it can end: no pid reuse
+        assert json.loads(wait_for_line(proc))["event"] == "stdout"
         proc.stdout.close()
         assert proc.wait(timeout=20) == ExecExit.SIGNAL_BASE + signal.SIGPIPE
         assert b"local output closed" in proc.stderr.read()
         ready, _, _ = select.select([remote], [], [], 10)
-        assert ready, "the remote `yes` still runs: the session was not cancelled"
+        assert ready, "the remote `yes` still runs: the session did not end"
     finally:
-        os.close(remote)
-        proc.stderr.close()
+        if remote is not None:
+            os.close(remote)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def test_stdin_is_cut_to_the_servers_max_frame(short_dir: Path) -> None:

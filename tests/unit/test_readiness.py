@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import pytest
 
 from ttyserve.readiness import serve_readable
 
 pytestmark = pytest.mark.timeout(10)
+
+
+def still_watched(fd: int) -> bool:
+    """Whether the loop still has a reader on ``fd`` (removing it says so; it is ours)."""
+    return asyncio.get_running_loop().remove_reader(fd)
 
 
 @pytest.mark.asyncio  # a bare asyncio loop, not anyio.run(): as the tests' servers run
@@ -42,8 +49,9 @@ async def test_the_callback_runs_while_readable_and_may_start_tasks() -> None:
             tg.start_soon(write_twice)
             assert await serve_readable(read_fd, readable)  # until the callback said stop
             await started[1].wait()
+        assert not still_watched(read_fd)
         os.write(write_fd, b"c")  # no longer served: the callback does not read this
-        await anyio.wait_readable(read_fd)  # nor does it hold the descriptor
+        await anyio.wait_readable(read_fd)
         assert got == [b"a", b"b"]
         assert os.read(read_fd, 100) == b"c"
     finally:
@@ -62,8 +70,36 @@ async def test_what_the_callback_raises_is_raised_in_the_task() -> None:
 
         with pytest.raises(ValueError, match="x"):
             await serve_readable(read_fd, readable)
-        os.write(write_fd, b"y")
-        await anyio.wait_readable(read_fd)  # the watch is gone: anyio may wait on it
+        assert not still_watched(read_fd)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.asyncio
+async def test_cancelled_it_stops_watching_and_the_callback_never_runs() -> None:
+    read_fd, write_fd = os.pipe()
+    calls: list[bytes] = []
+    served = anyio.Event()
+
+    def readable() -> bool:
+        calls.append(os.read(read_fd, 100))
+        served.set()
+        return True
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve_readable, read_fd, readable)
+            await anyio.wait_all_tasks_blocked()
+            os.write(write_fd, b"a")
+            await served.wait()  # it is watched
+            tg.cancel_scope.cancel()
+        assert not still_watched(read_fd)
+        os.write(write_fd, b"late")
+        await anyio.wait_readable(read_fd)
+        await anyio.lowlevel.checkpoint()  # a stale callback would have run by now
+        assert calls == [b"a"]
+        assert os.read(read_fd, 100) == b"late"
     finally:
         os.close(read_fd)
         os.close(write_fd)
