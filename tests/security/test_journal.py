@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,7 +16,10 @@ from helpers import (
     HELLO,
     SH,
     ServerProcess,
+    blocking_unix_socket,
+    control_of,
     ctrl,
+    kill_group,
     processes_in_group,
     start_server,
     ttyserve_command,
@@ -27,7 +28,7 @@ from helpers import (
 from ttyserve.exitcodes import ServeExit
 from ttyserve.journal import Reason, SessionEnd, SessionStart, read_file
 from ttyserve.protocol.frames import FrameDecoder, FrameKind
-from ttyserve.protocol.messages import Open
+from ttyserve.protocol.messages import Cancel, Open
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,9 +108,7 @@ def test_torn_last_line_is_skipped_with_a_warning(short_dir: Path) -> None:
         finally:
             assert server.stop() == ServeExit.OK
     finally:
-        # Its start record was torn away, so no restart can know this session: end it here.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        kill_group(pgid)  # its start record was torn away: no restart can end it
     assert read_file(str(journal)).torn == 1
     ends = assert_one_end_per_start(journal)
     assert [e.reason for e in ends.values()] == [Reason.EXIT]
@@ -216,14 +215,12 @@ def test_a_session_cancelled_in_the_batch_of_its_open_has_both_records(short_dir
     server = start_server(short_dir, "--journal", str(journal), "--command", SH)
     try:
         for _ in range(5):
-            sock = socket.socket(socket.AF_UNIX)
-            sock.settimeout(10)
-            sock.connect(server.addresses[0].removeprefix("unix:"))
-            sock.sendall(HELLO + ctrl(1, Open(argv=["sleep", "30"], pty=False))
-                         + ctrl(1, {"type": "cancel"}))
-            # its answers (welcome first), until it closes the connection after the cancel
-            assert b"".join(iter(functools.partial(sock.recv, 65536), b""))
-            sock.close()
+            with blocking_unix_socket(server.addresses[0].removeprefix("unix:")) as sock:
+                sock.sendall(HELLO + ctrl(1, Open(argv=["sleep", "30"], pty=False))
+                             + ctrl(1, Cancel()))
+                # its answers, until it closes the connection after the cancel
+                data = b"".join(iter(functools.partial(sock.recv, 65536), b""))
+            assert control_of(FrameDecoder().feed(data)[0])["type"] == "welcome"
     finally:
         assert server.stop() == ServeExit.OK
     ends = assert_one_end_per_start(journal)
