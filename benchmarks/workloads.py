@@ -7,17 +7,14 @@ the `ttyserve` column with another column (a ratio) or with a fixed bound.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .procs import Usage, cpu_seconds
+from .procs import Usage, cpu_seconds, kill_group
 from .stats import Summary, number, percentile
 from .systems import NotApplicable, System
 
@@ -175,25 +172,33 @@ def measure_echo(system: System, ctx: Context) -> dict[str, float]:
 
 
 FLOOD_ARGV = ["cat", "/dev/zero"]
-# The flood's output is drained by `cat` to /dev/null; "flowing" says a first MB went through.
-_DRAIN = "{ head -c 1000000 >/dev/null && echo flowing && exec cat >/dev/null; }"
+# The flood's output is drained by `cat` to /dev/null; "flowing" says a whole first MB came
+# (head alone exits 0 on a client that failed at once and sent nothing).
+_DRAIN = ('{ [ "$(head -c 1000000 | wc -c)" -eq 1000000 ] && echo flowing'
+          ' && exec cat >/dev/null; }')
 
 
 def measure_echo_flood(system: System, ctx: Context) -> dict[str, float]:
     """Echo as `measure_echo`, while another session of the same server streams
     /dev/zero as fast as its client (a separate process) takes it."""
     command = shlex.join(system.exec_command(FLOOD_ARGV, ctx.transport)) + " | " + _DRAIN
-    flood = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    errors = Path(ctx.workdir) / "flood.stderr"
+    with open(errors, "wb") as stderr:
+        flood = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=stderr,
+                                 start_new_session=True)
     try:
         assert flood.stdout is not None
         if flood.stdout.readline() != b"flowing\n":
-            raise RuntimeError(f"the flood did not start (exit {flood.wait()})")
-        return measure_echo(system, ctx)
+            raise RuntimeError(f"the flood did not start (exit {flood.wait()}): "
+                               f"{errors.read_text(errors='replace')[-300:]}")
+        values = measure_echo(system, ctx)
+        if flood.poll() is not None:
+            raise RuntimeError(f"the flood ended during the measure (exit {flood.returncode}):"
+                               f" {errors.read_text(errors='replace')[-300:]}")
+        return values
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(flood.pid, signal.SIGKILL)
+        kill_group(flood.pid)
         flood.wait()
         if flood.stdout is not None:
             flood.stdout.close()
