@@ -298,25 +298,12 @@ class OpenSSHSystem(System):
         process, self.process = self.process, None
         _stop(process)
         if self.dir is not None:
-            self._kill_clients(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
         if self.made_privsep:
             self.made_privsep = False
             with contextlib.suppress(OSError):
                 PRIVSEP_DIR.rmdir()
-
-    @staticmethod
-    def _kill_clients(directory: Path) -> None:
-        """Our `ssh` children that outlived their measure: a deadline that fires inside
-        Popen leaves the started client in no list (it left one connected for hours)."""
-        key = str(directory / "client_key").encode()
-        for pid in procs.descendants(os.getpid()):
-            with contextlib.suppress(OSError):
-                if key in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                    os.kill(pid, signal.SIGKILL)
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, 0)
 
     def server_pids(self) -> list[int]:
         if self.process is None:

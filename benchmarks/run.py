@@ -158,8 +158,23 @@ def run_workload(workload: Workload, systems: list[System], ctx: Context, reps: 
                 system.stop()
             except Exception as exc:
                 say(f"  {system.name}: stop failed: {_failure(exc)}")
+        if leftovers := _end_leftovers():
+            say(f"  {workload.name}: ended {leftovers} process(es) a measure left behind")
     result.seconds = time.monotonic() - began
     return result
+
+
+def _end_leftovers() -> int:
+    """Kill and reap every process still below us once a workload's systems are stopped:
+    a deadline that fires inside Popen, after the fork, leaves the child in no variable."""
+    pids = procs.descendants(os.getpid())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return len(pids)
 
 
 def table(results: dict[str, WorkloadResult], names: list[str]) -> str:
