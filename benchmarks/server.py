@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,21 @@ def serve_flags() -> frozenset[str]:
 
 def exec_flags() -> frozenset[str]:
     return _flags("exec")
+
+
+def _environment() -> dict[str, str]:
+    """Ours without TTYSERVE_ settings, which would change what the server does."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
+
+
+def stdio_server(sock: socket.socket, workdir: str) -> subprocess.Popen[bytes] | None:
+    """`ttyserve serve --stdio` on ``sock`` (a socket pair's end, for both stdin and
+    stdout); None when the installed ttyserve has no `--stdio`."""
+    if "--stdio" not in serve_flags():
+        return None
+    return subprocess.Popen([*ttyserve_command(), "serve", "--stdio"], stdin=sock.fileno(),
+                            stdout=sock.fileno(), stderr=subprocess.DEVNULL,
+                            env=_environment(), cwd=workdir)
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -107,7 +123,7 @@ class TtyserveServer:
         """Start the server and wait for its `listening` lines."""
         directory = Path(tempfile.mkdtemp(prefix="srv-", dir=self.workdir))
         self.dir = directory
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
+        env = _environment()
         out_path, err_path = directory / "stdout", directory / "stderr"
         arguments = self._arguments(directory)
         listeners = arguments.count("--listen")

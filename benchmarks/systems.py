@@ -29,7 +29,7 @@ from typing import Any
 
 from . import procs
 from .procs import Usage
-from .server import TtyserveServer, serve_flags, ttyserve_command
+from .server import TtyserveServer, serve_flags, stdio_server
 from .wire import WireSession
 
 try:
@@ -44,6 +44,13 @@ now = time.perf_counter
 
 class NotApplicable(Exception):
     """This system has no such measurement (printed as '-', not as a failure)."""
+
+
+def _until_exit(session: WireSession, argv: list[str]) -> None:
+    """Read the session to its `exit`, which must say 0."""
+    session.count_until_exit()
+    if session.exit is None or session.exit.get("code") != 0:
+        raise RuntimeError(f"{argv[0]}: exit {session.exit}")
 
 
 @dataclass
@@ -105,7 +112,6 @@ class System:
 
     name = "?"
     transports: tuple[str, ...] = ()
-    most_sessions: int | None = None  # a cap on sequential sessions per measure (slow peers)
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or None."""
@@ -246,10 +252,6 @@ class RawSystem(System):
                 raise RuntimeError(f"{argv[0]} exited {status}")
         return SessionRun(latencies, now() - start)
 
-    def sessions_one_connection(self, argv: list[str], count: int, transport: str
-                                ) -> SessionRun:
-        return self.sessions(argv, count, transport)  # no connection at all: the yardstick
-
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:
         held: list[tuple[int, int]] = []
@@ -338,10 +340,8 @@ class TtyserveSystem(System):
             begin = now()
             with self._session(transport) as session:
                 session.start(argv, pty=False)
-                session.count_until_exit()
+                _until_exit(session, argv)
                 latencies.append(now() - begin)
-                if session.exit is None or session.exit.get("code") != 0:
-                    raise RuntimeError(f"{argv[0]}: exit {session.exit}")
         return SessionRun(latencies, now() - start)
 
     def sessions_one_connection(self, argv: list[str], count: int, transport: str
@@ -349,33 +349,28 @@ class TtyserveSystem(System):
         child: subprocess.Popen[bytes] | None = None
         if transport == "stdio":
             ours, theirs = socket.socketpair()
-            with theirs, contextlib.ExitStack() as on_error:
-                on_error.callback(ours.close)
-                env = {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
-                child = subprocess.Popen([*ttyserve_command(), "serve", "--stdio"],
-                                         stdin=theirs.fileno(), stdout=theirs.fileno(),
-                                         stderr=subprocess.DEVNULL, env=env,
-                                         cwd=self.server.workdir)
-                on_error.pop_all()
+            with theirs:
+                try:
+                    child = stdio_server(theirs, self.server.workdir)
+                except BaseException:
+                    ours.close()
+                    raise
+            if child is None:
+                ours.close()
+                raise NotApplicable
             session = WireSession(sock=ours)
         else:
             session = self._session(transport)
         try:
+            session.start(argv, pty=False, multiplex=True)
+            _until_exit(session, argv)  # untimed: the first waits for the start-up
             latencies: list[float] = []
             start = now()
-            for index in range(count + 1):  # the first, untimed, waits for the start-up
+            for _ in range(count):
                 begin = now()
-                if index:
-                    session.open_next(argv, pty=False)
-                else:
-                    session.start(argv, pty=False, multiplex=True)
-                session.count_until_exit()
-                if session.exit is None or session.exit.get("code") != 0:
-                    raise RuntimeError(f"{argv[0]}: exit {session.exit}")
-                if index:
-                    latencies.append(now() - begin)
-                else:
-                    start = now()
+                session.open_next(argv, pty=False)
+                _until_exit(session, argv)
+                latencies.append(now() - begin)
             return SessionRun(latencies, now() - start)
         finally:
             session.close()
