@@ -115,18 +115,6 @@ def read_to_eof(fd: int, size: int = READ_SIZE) -> int:
         total += len(chunk)
 
 
-def read_exactly(fd: int, count: int) -> bytes:
-    """Blocking reads until ``count`` bytes arrived."""
-    chunks: list[bytes] = []
-    while count > 0:
-        chunk = os.read(fd, count)
-        if not chunk:
-            raise EOFError("end of output while waiting for bytes")
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
-
-
 def read_until(fd: int, marker: bytes) -> bytes:
     """Blocking reads until ``marker`` has been seen; everything read."""
     data = b""

@@ -42,6 +42,7 @@ from .workloads import ALL_SYSTEMS, BY_NAME, FULL, QUICK, WORKLOADS, Context, Wo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 QUICK_RESULTS = RESULTS.with_name("latest-quick.json")
+PARTIAL_RESULTS = RESULTS.with_name("latest-partial.json")  # --only, --systems, interrupted
 
 
 class Timeout(Exception):
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     began = time.monotonic()
+    interrupted = False
     try:
         systems: list[System] = []
         for system in make_systems(args.system_names, workdir):
@@ -336,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed[workload.name] = _failure(exc)
                 say(f"  {workload.name}: FAILED: {failed[workload.name]}")
     except KeyboardInterrupt:
+        interrupted = True
         say("interrupted: printing what was measured")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -354,23 +357,25 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick,
             "sizes": asdict(sizes), "transport": args.transport, "seconds": round(elapsed, 1),
             "skipped": skipped, "failed": failed, "machine": machine()}
-    if args.json is None:  # a smoke run never replaces the full run's baseline
-        args.json = QUICK_RESULTS if args.quick else RESULTS
+    # Compared with the last whole run of the same kind; only a whole run replaces it.
+    baseline = args.json or (QUICK_RESULTS if args.quick else RESULTS)
+    partial = (interrupted or bool(args.only) or set(args.system_names) != set(ALL_SYSTEMS))
+    written = args.json or (PARTIAL_RESULTS if partial else baseline)
     previous: object = None
     with contextlib.suppress(OSError, ValueError):
-        previous = json.loads(args.json.read_text())
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(as_json(results, meta), indent=2) + "\n")
+        previous = json.loads(baseline.read_text())
+    written.parent.mkdir(parents=True, exist_ok=True)
+    written.write_text(json.dumps(as_json(results, meta), indent=2) + "\n")
     before = previous.get("meta") if isinstance(previous, dict) else None
-    if not isinstance(before, dict):
-        pass  # no previous run (or not one of ours): nothing to compare
-    elif any(before.get(key) != meta[key] for key in ("quick", "sizes", "transport")):
-        print(f"\nnot compared with the previous run in {args.json}: its sizes or transport "
-              "differ")
-    elif changes := compare(previous, results):
-        print(f"\nagainst the previous run ({args.json}, {before.get('date', '?')}); medians:")
-        print("\n".join(changes))
-    print(f"results: {args.json}")
+    if isinstance(before, dict):  # else no previous run (or not one of ours)
+        if any(before.get(key) != meta[key] for key in ("sizes", "transport")):
+            print(f"\nnot compared with the previous run in {baseline}: its sizes or "
+                  "transport differ")
+        elif changes := compare(previous, results):
+            print(f"\nagainst the previous run ({baseline}, {before.get('date', '?')}); "
+                  "medians:")
+            print("\n".join(changes))
+    print(f"results: {written}")
     return 0
 
 

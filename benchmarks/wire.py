@@ -101,9 +101,6 @@ class WireSession:
     def send(self, data: bytes) -> None:
         self.sock.sendall(frame(STDIN, self.channel, data))
 
-    def eof(self) -> None:
-        self.sock.sendall(control(self.channel, {"type": "eof"}))
-
     # --- receiving ------------------------------------------------------------
 
     def _fill(self, need: int = 1) -> None:
@@ -154,13 +151,6 @@ class WireSession:
             return kind, payload
         self._on_control(channel, payload)
         return None
-
-    def wait_opened(self) -> int:
-        """Read until `opened`; the remote pid."""
-        while self.pid is None:
-            if self._next(want_data=True) is not None:
-                raise WireError("output before opened")
-        return self.pid
 
     def read_data(self) -> bytes:
         """The next output payload; raises WireError if the session ends first."""
