@@ -19,46 +19,52 @@ import argparse
 import fcntl
 import os
 import resource
+import select
 import socket
-import statistics
-import struct
 import subprocess
 import sys
 import termios
 import time
 
-CHUNK = 128 * 1024  # the server's largest output frame (session.READ_SIZE)
+from ttyserve.protocol.frames import HEADER, FrameKind
+from ttyserve.session import READ_SIZE as CHUNK  # the server's largest output frame
+
+from .stats import Summary, cell, number
+
 PIPE_SIZE = 1 << 20
-HEADER = struct.Struct("!BII")  # a frame header's size and shape, not its exact fields
+CHANNEL = 1
 
 
-def _producer(size: int) -> subprocess.Popen[bytes]:
-    producer = subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE)
-    assert producer.stdout is not None
-    fcntl.fcntl(producer.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    return producer
+def _header(size: int) -> bytes:
+    return HEADER.pack(FrameKind.STDOUT, CHANNEL, size)
 
 
-def _relay_copy(pipe: int, sock: socket.socket) -> None:
-    while data := os.read(pipe, CHUNK):  # as the server sends: header and bytes in one call
-        sent = sock.sendmsg([HEADER.pack(1, 1, len(data)), data])
+def _relay_copy(pipe: int, sock: socket.socket) -> tuple[int, int]:
+    """As the server sends: header and bytes in one sendmsg. (Payload, frames) sent."""
+    payload = frames = 0
+    while data := os.read(pipe, CHUNK):
+        frame = [_header(len(data)), data]
+        sent = sock.sendmsg(frame)
         if sent < HEADER.size + len(data):
-            sock.sendall(memoryview(HEADER.pack(1, 1, len(data)) + data)[sent:])
+            sock.sendall(memoryview(b"".join(frame))[sent:])
+        payload, frames = payload + len(data), frames + 1
+    return payload, frames
 
 
-def _relay_splice(pipe: int, sock: socket.socket) -> None:
+def _relay_splice(pipe: int, sock: socket.socket) -> tuple[int, int]:
+    """The header, then the frame's bytes spliced from the pipe. (Payload, frames) sent."""
     available = bytearray(4)
-    out = sock.fileno()
+    out, payload, frames = sock.fileno(), 0, 0
+    readable = select.poll()
+    readable.register(pipe, select.POLLIN)
     while True:
+        readable.poll()  # data, or the writer's end: then nothing is buffered
         fcntl.ioctl(pipe, termios.FIONREAD, available)
         n = min(int.from_bytes(available, sys.byteorder), CHUNK)
-        if n == 0:  # empty, or at its end: one blocking read of a byte says which
-            first = os.read(pipe, 1)
-            if not first:
-                return
-            sock.sendall(HEADER.pack(1, 1, 1) + first)
-            continue
-        sock.sendall(HEADER.pack(1, 1, n), socket.MSG_MORE)
+        if n == 0:
+            return payload, frames
+        sock.sendall(_header(n), socket.MSG_MORE)
+        payload, frames = payload + n, frames + 1
         while n:  # the frame stays in flight until its last byte is spliced
             n -= os.splice(pipe, out, n)
 
@@ -72,7 +78,8 @@ def _drain(sock: socket.socket) -> int:
 
 
 def _frames_to(sock: socket.socket, out: int, method: str) -> int:
-    """Each frame's payload to ``out`` (a pipe), received and written, or spliced."""
+    """Each frame's payload to ``out`` (a pipe), received and written, or spliced; the
+    bytes read."""
     buf = bytearray(CHUNK)
     view, total = memoryview(buf), 0
     while header := sock.recv(HEADER.size, socket.MSG_WAITALL):
@@ -102,33 +109,58 @@ def _pair(kind: str) -> tuple[socket.socket, socket.socket]:
 def run(kind: str, side: str, method: str, size: int) -> tuple[float, float]:
     """One relay of ``size`` bytes: (MB/s, CPU s/GB of the side measured)."""
     sender, receiver = _pair(kind)
-    drain_method = method if side == "client" else "drain"
-    sink = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    assert sink.stdin is not None
-    fcntl.fcntl(sink.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    drain = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.splice_probe", "--drain", drain_method,
-         str(receiver.fileno()), str(sink.stdin.fileno())],
-        pass_fds=[receiver.fileno(), sink.stdin.fileno()], stdout=subprocess.PIPE)
-    receiver.close()
-    sink.stdin.close()
-    producer = _producer(size)
-    assert producer.stdout is not None
-    began = time.perf_counter()
-    relay = _relay_splice if side == "server" and method == "splice" else _relay_copy
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    relay(producer.stdout.fileno(), sender)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    sender.shutdown(socket.SHUT_WR)
-    out, _ = drain.communicate()
-    sink.wait()
-    seconds = time.perf_counter() - began
-    sender.close()
-    producer.stdout.close()
-    producer.wait()
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        out_fd = -1
+        if side == "client":  # the reader writes into a pipe, which `cat` drains
+            sink = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+            children.append(sink)
+            assert sink.stdin is not None
+            fcntl.fcntl(sink.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            out_fd = sink.stdin.fileno()
+        drain = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.splice_probe", "--drain",
+             method if side == "client" else "drain", str(receiver.fileno()), str(out_fd)],
+            pass_fds=[fd for fd in (receiver.fileno(), out_fd) if fd >= 0],
+            stdout=subprocess.PIPE)
+        children.append(drain)
+        assert drain.stdout is not None
+        if drain.stdout.readline() != b"ready\n":  # its start-up is not timed
+            raise RuntimeError("the reader did not start")
+        receiver.close()
+        if side == "client":
+            assert children[0].stdin is not None
+            children[0].stdin.close()
+        producer = subprocess.Popen(["head", "-c", str(size), "/dev/zero"],
+                                    stdout=subprocess.PIPE)
+        children.append(producer)
+        assert producer.stdout is not None
+        fcntl.fcntl(producer.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        began = time.perf_counter()
+        relay = _relay_splice if side == "server" and method == "splice" else _relay_copy
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        payload, frames = relay(producer.stdout.fileno(), sender)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        sender.shutdown(socket.SHUT_WR)
+        out, _ = drain.communicate()
+        for child in children:
+            child.wait()
+        seconds = time.perf_counter() - began
+    finally:
+        sender.close()
+        receiver.close()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            for stream in (child.stdin, child.stdout):
+                if stream is not None:
+                    stream.close()
     got, client_cpu = out.split()
-    if int(got) < size:
-        raise RuntimeError(f"the reader got {int(got)} of {size} bytes")
+    sent = payload + frames * HEADER.size
+    if payload != size or int(got) != sent:
+        raise RuntimeError(f"{method}: {payload} of {size} bytes relayed, {int(got)} of "
+                           f"{sent} read")
     cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
            if side == "server" else float(client_cpu))
     return size / seconds / 1e6, cpu / (size / 1e9)
@@ -138,8 +170,10 @@ def drain_main(method: str, sock_fd: int, out: int) -> int:
     """The reader process: drain the socket (or relay its frames to ``out``); print the
     bytes read and its CPU seconds."""
     sock = socket.socket(fileno=sock_fd)
+    print("ready", flush=True)
     total = _drain(sock) if method == "drain" else _frames_to(sock, out, method)
-    os.close(out)
+    if out >= 0:
+        os.close(out)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(total, usage.ru_utime + usage.ru_stime)
     return 0
@@ -161,11 +195,10 @@ def main() -> int:
                 for method in results:
                     results[method].append(run(kind, side, method, args.size))
             for method, values in results.items():
-                rate = statistics.median(v[0] for v in values)
-                cpu = statistics.median(v[1] for v in values)
-                low, high = min(v[0] for v in values), max(v[0] for v in values)
-                print(f"{side:6} {kind:4} {method:6} {rate:8,.0f} MB/s ({low:,.0f}-{high:,.0f})"
-                      f"  {side} CPU {cpu:.3f} s/GB", flush=True)
+                rate = Summary.of([v[0] for v in values])
+                cpu = Summary.of([v[1] for v in values])
+                print(f"{side:6} {kind:4} {method:6} {cell(rate)} MB/s, {side} CPU "
+                      f"{number(cpu.median)} s/GB", flush=True)
     return 0
 
 
