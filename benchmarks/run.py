@@ -275,8 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS),
                         help="comma-separated systems to compare (default: all)")
     parser.add_argument("--reps", type=int,
-                        help="repetitions of every workload (default: 5, or 3 for the heavy "
-                             "scale and client_cost; 2 with --quick)")
+                        help="repetitions of every workload (default: 5, or 3 for scale, "
+                             "scale_pipes, client_cost and fanout; 2 with --quick)")
     parser.add_argument("--budget", type=float, default=480.0, metavar="SECONDS",
                         help="start no new repetition after this long (default 480), so that "
                              "a full run ends within 10 minutes even on a busy machine")

@@ -541,7 +541,8 @@ class TtyserveLibSystem(TtyserveSystem):
                         pass
                 start = now()
                 again = await conn.attach(session.id)
-                replayed, held = 0, got - again.dropped  # the ring keeps whole 64 KiB pieces
+                # Less than the ring's size: each chunk also counts a fixed cost toward it.
+                replayed, held = 0, got - again.dropped
                 if held < ring * 0.9:
                     raise RuntimeError(f"the ring held {held} bytes, not about {ring}")
                 while replayed < held:
