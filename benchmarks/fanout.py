@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .procs import CLK_TCK, raise_nofile_limit
+from .server import ttyserve_script
 from .stats import Summary, cell, median, number, render_table
 
 SAMPLE_EVERY = 0.02  # seconds between /proc samples of the client
@@ -443,8 +444,7 @@ def run_once(tool: str, targets: int, parallel: int, workdir: str,
     argv = shlex.split(command)
     directory = Path(tempfile.mkdtemp(prefix="fanout-", dir=workdir))
     try:
-        beside = Path(sys.executable).parent / "ttyserve"
-        ttyserve = str(beside) if beside.exists() else shutil.which("ttyserve")
+        ttyserve = ttyserve_script() or shutil.which("ttyserve")
         if ttyserve is None:
             raise BenchmarkFailed("no ttyserve next to this Python or on PATH")
         setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
@@ -533,7 +533,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    ttyserve = args.ttyserve or str(Path(sys.executable).parent / "ttyserve")
+    ttyserve = args.ttyserve or ttyserve_script() or "ttyserve (none beside this Python)"
     if not os.access(ttyserve, os.X_OK):
         say(f"no ttyserve at {ttyserve}: install the project (make bench) or pass --ttyserve")
         return 2

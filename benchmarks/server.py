@@ -30,11 +30,17 @@ class ServerFailed(RuntimeError):
     """The server did not start (the message carries the tail of its stderr)."""
 
 
-def ttyserve_command() -> list[str]:
-    """How users start ttyserve: the installed `ttyserve` script beside our interpreter
-    (no `python -m`, whose runpy costs a start-up a few ms), else `python -m ttyserve`."""
+def ttyserve_script() -> str | None:
+    """The `ttyserve` script installed beside our interpreter, if there is one."""
     script = Path(sys.executable).with_name("ttyserve")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "ttyserve"]
+    return str(script) if script.exists() else None
+
+
+def ttyserve_command() -> list[str]:
+    """How users start ttyserve: the installed script (no `python -m`, whose runpy costs a
+    start-up a few ms), else `python -m ttyserve`."""
+    script = ttyserve_script()
+    return [script] if script else [sys.executable, "-m", "ttyserve"]
 
 
 @functools.cache

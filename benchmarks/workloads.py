@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .procs import Usage, cpu_seconds, kill_group
 from .stats import Summary, number, percentile
-from .systems import NotApplicable, System
+from .systems import NotApplicable, ScaleRun, System
 
 ECHO_ARGV = ["sh", "-c", "stty raw -echo && printf R && exec cat"]
 TARGET_SYSTEM = "ttyserve"
@@ -260,22 +260,26 @@ def measure_scale(system: System, ctx: Context) -> dict[str, float]:
     base = settled_usage(system)
     run = system.scale(ECHO_ARGV, count, ctx.sizes.scale_rounds, probe=system.usage,
                        transport=ctx.transport)
-    values = {
-        "open_rate": count / run.open_seconds,
-        "echo_p50_ms": percentile(run.latencies, 50) * 1e3,
-        "echo_p99_ms": percentile(run.latencies, 99) * 1e3,
-    }
+    values = _scale_values(run, base, count)
     if run.usage is not None:
         values["fds"] = run.usage.fds
-        if base is not None:
-            values["fds_per_session"] = (run.usage.fds - base.fds) / count
-            if run.usage.rss_kib is not None and base.rss_kib is not None:
-                values["rss_kib_per_session"] = (run.usage.rss_kib - base.rss_kib) / count
-            after = settled_usage(system)
-            if after is not None:
-                values["fds_left"] = after.fds - base.fds
-        else:
+        if base is None:
             values["fds_per_session"] = run.usage.fds / count
+        elif (after := settled_usage(system)) is not None:
+            values["fds_left"] = after.fds - base.fds
+    return values
+
+
+def _scale_values(run: ScaleRun, base: Usage | None, count: int) -> dict[str, float]:
+    """What every scale run reports: opens/s, the last session's echo, and the server's
+    growth per session over ``base`` (the idle server)."""
+    values = {"open_rate": count / run.open_seconds,
+              "echo_p50_ms": percentile(run.latencies, 50) * 1e3,
+              "echo_p99_ms": percentile(run.latencies, 99) * 1e3}
+    if run.usage is not None and base is not None:
+        values["fds_per_session"] = (run.usage.fds - base.fds) / count
+        if run.usage.rss_kib is not None and base.rss_kib is not None:
+            values["rss_kib_per_session"] = (run.usage.rss_kib - base.rss_kib) / count
     return values
 
 
@@ -302,14 +306,7 @@ def measure_scale_pipes(system: System, ctx: Context) -> dict[str, float]:
     base = settled_usage(system)
     run = system.scale_pipes(connections, per_connection, ctx.sizes.scale_rounds,
                              probe=system.usage)
-    values = {"open_rate": count / run.open_seconds,
-              "echo_p50_ms": percentile(run.latencies, 50) * 1e3,
-              "echo_p99_ms": percentile(run.latencies, 99) * 1e3}
-    if run.usage is not None and base is not None:
-        values["fds_per_session"] = (run.usage.fds - base.fds) / count
-        if run.usage.rss_kib is not None and base.rss_kib is not None:
-            values["rss_kib_per_session"] = (run.usage.rss_kib - base.rss_kib) / count
-    return values
+    return _scale_values(run, base, count)
 
 
 # --- 7. Start-up -----------------------------------------------------------------------
