@@ -27,7 +27,7 @@ import termios
 import time
 
 from ttyserve.protocol.frames import HEADER, FrameKind
-from ttyserve.session import READ_SIZE as CHUNK  # the server's largest output frame
+from ttyserve.server.session import READ_SIZE as CHUNK  # the server's largest output frame
 
 from .stats import Summary, cell, number
 

@@ -20,14 +20,14 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
-from ttyserve.client import Connection
-from ttyserve.dial import open_transport
-from ttyserve.listeners import SocketLease, open_listeners
+from ttyserve.client.connection import Connection
+from ttyserve.client.dial import open_transport
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
-from ttyserve.server import Server
-from ttyserve.settings import ServerSettings
-from ttyserve.transport import Transport, send_all
+from ttyserve.server.listener import Server
+from ttyserve.server.settings import ServerSettings
+from ttyserve.server.sockets import SocketLease, open_listeners
+from ttyserve.transport.streams import Transport, send_all
 
 SH = "/bin/sh"
 

@@ -34,13 +34,13 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .client import CompletedSession, Connection, OutputChunk, Session, connect, run
-    from .fanout import TargetResult, fan_out, run_many
+    from .client.fanout import TargetResult, fan_out, run_many
 
 ExitStatus = Exit
 _LAZY = {
     "CompletedSession": "client", "Connection": "client", "OutputChunk": "client",
     "Session": "client", "connect": "client", "run": "client",
-    "TargetResult": "fanout", "fan_out": "fanout", "run_many": "fanout",
+    "TargetResult": "client.fanout", "fan_out": "client.fanout", "run_many": "client.fanout",
 }
 
 

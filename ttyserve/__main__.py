@@ -1,5 +1,5 @@
 """`python -m ttyserve` is the `ttyserve` command."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import start_server, ttyserve_command
 
-from ttyserve import config
 from ttyserve.errors import ConfigError, UsageError
 from ttyserve.exitcodes import ServeExit
+from ttyserve.server import config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -127,7 +127,7 @@ def test_attach_exits_as_exec_does(server_process: ServerProcess) -> None:
 
 
 def test_the_detach_key_passes_other_keys_and_can_be_turned_off() -> None:
-    from ttyserve.terminal import DetachKey, parse_key
+    from ttyserve.cli.terminal import DetachKey, parse_key
 
     key = DetachKey(parse_key("^\\d"))
     assert key.feed(b"ab\x1c") == (b"ab", False) and key.holding

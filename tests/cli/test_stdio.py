@@ -17,7 +17,7 @@ from helpers import SH, RawPeer, ctrl, split_output, ttyserve_command
 from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import Frame, FrameKind
 from ttyserve.protocol.messages import Hello, Open
-from ttyserve.transport import PipeTransport
+from ttyserve.transport.streams import PipeTransport
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -191,7 +191,7 @@ async def test_a_detachable_session_is_refused_it_could_not_outlive_the_connecti
 def test_a_stray_write_to_fd_1_reaches_stderr_not_the_protocol() -> None:
     """Once stdin and stdout carry the protocol, fd 1 is stderr and fd 0 is /dev/null."""
     code = ("import os, sys\n"
-            "from ttyserve.serve_cmd import stdio_transport\n"
+            "from ttyserve.cli.serve import stdio_transport\n"
             "transport = stdio_transport()\n"
             "print('stray print', flush=True)\n"
             "os.write(1, b'stray write\\n')\n"

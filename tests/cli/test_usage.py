@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import ttyserve_command
 
-from ttyserve.cli import build_parser
+from ttyserve.cli.main import build_parser
 from ttyserve.exitcodes import ExecExit, ServeExit
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,8 +15,8 @@ import pytest
 from helpers import SH, children_of
 
 from ttyserve import CarrierError, CarrierFailure, connect, fan_out, run, run_many
+from ttyserve.client.fanout import CarrierLine, Finished, Opened, Output
 from ttyserve.errors import OutOfResources
-from ttyserve.fanout import CarrierLine, Finished, Opened, Output
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 REMOTE = str(Path(sys.executable).parent / "ttyserve")

@@ -23,11 +23,11 @@ from helpers import (
     wait_until,
 )
 
-from ttyserve.client import Connection, Session, connect
+from ttyserve.client.connection import Connection, Session, connect
 from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
-from ttyserve.journal import SessionAttach, SessionDetach, SessionEnd, read_file
 from ttyserve.protocol.messages import Attach, Detach, Open, SessionInfo
-from ttyserve.transport import SocketTransport
+from ttyserve.server.journal import SessionAttach, SessionDetach, SessionEnd, read_file
+from ttyserve.transport.streams import SocketTransport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.05; done"

@@ -20,12 +20,12 @@ import pyte
 import pytest
 from helpers import SH, ServerProcess, children_of, kill_group, start_server
 
-from ttyserve.client import Session, connect
+from ttyserve.client.connection import Session, connect
 from ttyserve.errors import ConnectionLost, SessionDetached
-from ttyserve.journal import SessionStart, read_file
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Exit
-from ttyserve.recording import Recording
+from ttyserve.server.journal import SessionStart, read_file
+from ttyserve.server.recording import Recording
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,9 +26,9 @@ from helpers import (
 )
 
 from ttyserve.exitcodes import ServeExit
-from ttyserve.journal import Reason, SessionEnd, SessionStart, read_file
 from ttyserve.protocol.frames import FrameDecoder, FrameKind
 from ttyserve.protocol.messages import Cancel, Open
+from ttyserve.server.journal import Reason, SessionEnd, SessionStart, read_file
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import msgspec
 
-from ttyserve.journal import (
+from ttyserve.server.journal import (
     Journal,
     Reason,
     SessionEnd,

@@ -12,7 +12,7 @@ import anyio.abc
 import anyio.lowlevel
 import pytest
 
-from ttyserve.readiness import serve_readable
+from ttyserve.transport.readiness import serve_readable
 
 pytestmark = pytest.mark.timeout(10)
 

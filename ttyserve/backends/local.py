@@ -22,7 +22,7 @@ import anyio
 
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
-from ..readiness import serve_readable
+from ..transport.readiness import serve_readable
 from .base import ProcessSpec
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper

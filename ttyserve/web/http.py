@@ -24,7 +24,7 @@ from wsproto.events import AcceptConnection, Request
 from wsproto.utilities import RemoteProtocolError as WsRemoteError
 
 from ..addresses import Address, is_loopback
-from ..auth import loopback_name, normal_origin, origin_allowed
+from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
 
 log = logging.getLogger("ttyserve")

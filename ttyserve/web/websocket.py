@@ -30,7 +30,7 @@ from wsproto.utilities import LocalProtocolError as WsLocalError
 
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
-from ..transport import Buffer
+from ..transport.streams import Buffer
 
 SUBPROTOCOL = "ttyserve.v1"
 READ_SIZE = 256 * 1024

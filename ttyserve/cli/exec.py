@@ -1,0 +1,271 @@
+"""`ttyserve exec` and `ttyserve attach`: one remote session as if it ran here.
+
+Output goes to our stdout and stderr byte for byte, the exit code follows
+the contract's table, signals sent to us are forwarded, and a local terminal
+in raw mode is restored on every way out. A detachable session (`exec
+--detachable`, and any `attach`) can be left running with the detach key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import ssl
+import stat
+from collections.abc import AsyncIterator, Awaitable
+
+import anyio
+import anyio.abc
+
+from ..client.connection import Session, connect
+from ..client.retry import RETRIED
+from ..credentials import tls_context
+from ..errors import (
+    ConfigError,
+    ConnectionLost,
+    RemoteProtocolError,
+    SessionDetached,
+)
+from ..exitcodes import ExecExit, exec_exit_code
+from ..protocol.messages import DEFAULT_TERM, STOLEN
+from . import terminal
+from .exec_report import (
+    FORWARDED,
+    ExecFailure,
+    ExecOptions,
+    Output,
+    connection_ended,
+    exit_members,
+    output_closed,
+    retry_delay,
+    say,
+    second_interrupt,
+    stopped_before_start,
+    tell,
+)
+from .terminal import DetachKey
+
+READ_SIZE = 64 * 1024
+DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
+
+
+class DetachedHere(Exception):
+    """The session goes on without us: a detach key, or another client took it over."""
+
+    def __init__(self, session_id: str, reason: str | None) -> None:
+        super().__init__(reason)
+        self.session_id = session_id
+        self.reason = reason
+
+
+@contextlib.asynccontextmanager
+async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
+                        out: Output) -> AsyncIterator[Session]:
+    """Connect and open, retrying only what is retriable and only before `opened`."""
+    tls: ssl.SSLContext | None = None
+    if options.address.encrypted:
+        try:
+            tls = tls_context("client", cafile=options.tls_ca)
+        except ConfigError as exc:  # a bad CA file: no retry can help
+            raise ExecFailure(ExecExit.FAILURE, str(exc)) from exc
+    carrier_stderr = None
+    if options.address.carried:
+        from ..client.carrier import show_on_stderr  # subprocess only for carriers
+
+        carrier_stderr = show_on_stderr(options.target)
+    for attempt in range(options.retries + 1):
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(connect(
+                    options.address, token=options.token, tls=tls,
+                    remote_command=options.remote_command,
+                    carrier_stderr=carrier_stderr))
+                if options.attach is not None:
+                    session = await conn.attach(options.attach, steal=options.steal,
+                                                rows=size[0], cols=size[1])
+                else:
+                    session = await conn.spawn(
+                        options.argv, pty=pty, rows=size[0], cols=size[1],
+                        term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
+                        env=options.env, cwd=options.cwd, detachable=options.detachable)
+            except RETRIED as exc:
+                delay = retry_delay(exc, options, attempt)
+                await stack.aclose()
+                await anyio.sleep(delay)  # a signal to stop ends it (_stop_while_opening)
+                continue
+            if session.id is not None:
+                out.event("opened", pid=session.pid, session=session.id)
+                tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
+            else:
+                out.event("opened", pid=session.pid)
+            yield session
+            return
+
+
+async def _stop_while_opening(signals: AsyncIterator[int], watching: anyio.CancelScope,
+                              opening: anyio.CancelScope, stopped: list[int]) -> None:
+    """Until the session is open: a signal to stop (not SIGWINCH) ends the connecting, the
+    opening and any wait to retry at once, instead of reaching the command once it starts."""
+    with watching:
+        async for signum in signals:
+            if signum in FORWARDED:
+                stopped.append(signum)
+                opening.cancel()
+                return
+
+
+async def _quietly(work: Awaitable[None]) -> None:
+    """Run a helper pump; a lost connection is reported by the output loop, not here."""
+    try:
+        await work
+    except (ConnectionLost, RemoteProtocolError):
+        pass
+
+
+async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> None:
+    """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin).
+    With ``detach``, typing its sequence detaches the session instead."""
+    try:
+        pollable = not stat.S_ISREG(os.fstat(0).st_mode)
+    except OSError:
+        return  # no stdin at all
+    while True:
+        if pollable:
+            try:
+                with anyio.move_on_after(DETACH_PAUSE if detach and detach.holding else
+                                         math.inf) as pause:
+                    await anyio.wait_readable(0)
+            except OSError:
+                pollable = False  # e.g. /dev/null: epoll refuses it, and reads never block
+            else:
+                if pause.cancelled_caught and detach is not None:
+                    await session.send(detach.release())  # the start of the key, typed alone
+                    continue
+        try:
+            data = os.read(0, READ_SIZE)
+        except BlockingIOError:
+            continue  # a non-blocking stdin we share with someone else: wait again
+        except OSError as exc:
+            say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
+            data = b""
+        if not data:
+            if detach is not None and detach.holding:
+                await session.send(detach.release())
+            if not (pty and os.isatty(0)):
+                await session.eof()
+            return
+        if detach is not None:
+            data, detaching = detach.feed(data)
+            if data:
+                await session.send(data)
+            if detaching:
+                await session.detach()
+                return
+            continue
+        await session.send(data)
+
+
+async def _stream(session: Session, out: Output, pty: bool, raw: bool,
+                  signals: AsyncIterator[int], detach: DetachKey | None = None) -> int:
+    abort: ExecFailure | None = None
+
+    async def forward_signals(scope: anyio.CancelScope) -> None:
+        nonlocal abort
+        interrupted = False
+        async for signum in signals:
+            if signum == signal.SIGWINCH:
+                if pty:
+                    await session.resize(*terminal.window_size(0 if raw else 1))
+            elif signum == signal.SIGINT and interrupted:
+                abort = second_interrupt()
+                scope.cancel()
+            elif signum == signal.SIGHUP and session.id is not None:
+                await session.detach()  # our terminal went away: the session is to outlive it
+            else:
+                interrupted = interrupted or signum == signal.SIGINT
+                await session.signal(FORWARDED[signal.Signals(signum)])
+
+    lost: ConnectionLost | RemoteProtocolError | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
+        tg.start_soon(_quietly, _pump_stdin(session, pty, detach))
+        detached: SessionDetached | None = None
+        try:
+            async for chunk in session:
+                try:
+                    out.data(chunk.stream, chunk.data)
+                except BrokenPipeError:
+                    abort = output_closed()
+                    break
+        except (ConnectionLost, RemoteProtocolError) as exc:
+            lost = exc
+        except SessionDetached as exc:
+            detached = exc
+        tg.cancel_scope.cancel()
+    if detached is not None:
+        assert session.id is not None
+        out.event("detached", session=session.id, **(
+            {"reason": detached.reason} if detached.reason else {}))
+        raise DetachedHere(session.id, detached.reason)
+    if lost is not None:
+        raise lost
+    if abort is not None:
+        await session.cancel()
+        raise abort
+    assert session.status is not None
+    out.event("exit", **exit_members(session.status))
+    return exec_exit_code(session.status)
+
+
+async def _exec(options: ExecOptions) -> int:
+    out = Output(options.json)
+    with anyio.open_signal_receiver(*FORWARDED, signal.SIGWINCH) as signals:
+        stopped: list[int] = []
+        watching = anyio.CancelScope()
+        code: int | None = None
+        async with anyio.create_task_group() as opening:
+            opening.start_soon(_stop_while_opening, signals, watching, opening.cancel_scope,
+                               stopped)
+            code = await _exec_session(options, out, signals, watching)
+            watching.cancel()
+    if code is not None:
+        return code
+    return stopped_before_start(stopped[0], out)
+
+
+async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterator[int],
+                        watching: anyio.CancelScope) -> int:
+    """Open the session and stream it to its end; ``watching`` is cancelled once it is open,
+    so that from then on signals are the session's (forwarded)."""
+    stdin_tty = os.isatty(0)
+    pty = options.pty if options.pty is not None else stdin_tty
+    size = terminal.window_size(0 if stdin_tty else 1)
+    session_id = options.attach
+    opened = False
+    try:
+        async with _open_session(options, pty, size, out) as session:
+            watching.cancel()
+            opened = True
+            session_id = session.id
+            pty = session.pty if session.pty is not None else pty
+            raw = pty and stdin_tty and not options.json
+            detach = (DetachKey(options.detach_key) if raw and session.id is not None
+                      and options.detach_key else None)
+            with terminal.raw_mode(0) if raw else contextlib.nullcontext():
+                return await _stream(session, out, pty, raw, signals, detach)
+    except DetachedHere as exc:  # told once the terminal is back to normal
+        if exc.reason == STOLEN:
+            say("another client took the session over")
+        tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+        return ExecExit.DETACHED
+    except ExecFailure as exc:
+        return exc.said(out)
+    except (ConnectionLost, RemoteProtocolError) as exc:
+        return connection_ended(exc, out, opened, session_id)
+    raise AssertionError("unreachable")
+
+
+def exec_main(options: ExecOptions) -> int:
+    return anyio.run(_exec, options)

@@ -1,0 +1,312 @@
+"""Command line: `ttyserve serve`, `exec` and `sessions`. The only place that calls sys.exit."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ..addresses import Address, default_address, parse_address
+from ..credentials import read_token
+from ..defaults import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
+from ..errors import AddressError, ConfigError, UsageError
+from ..exitcodes import ExecExit, ServeExit
+from ..version import __version__
+from .terminal import DEFAULT_DETACH_KEY, parse_key
+
+DESCRIPTION = """\
+Run processes on this host under a PTY or pipes and serve them to remote clients
+(serve), run a command on such a server as if it ran here (exec), reattach to a
+session that outlived its client (attach), or list sessions (sessions).
+`ttyserve COMMAND --help` for details."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with the subcommand's own usage code."""
+
+    usage_exit: int = ServeExit.USAGE
+    subcommands: dict[str, _Parser]
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(self.usage_exit)
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _via(text: str) -> str:
+    return "via:" + text
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def build_parser(command: str | None = None) -> _Parser:
+    """The whole parser; given the ``command`` being run, only that command's flags (the
+    others' help lines stay), so that `exec` never imports what `serve` needs."""
+    parser = _Parser(prog="ttyserve", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ttyserve {__version__}")
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser,
+                                     title="commands", metavar="COMMAND")
+    parser.subcommands = commands.choices
+
+    serve = commands.add_parser("serve", help="run the server")
+    if command in (None, "serve"):
+        from ..server import config
+
+        config.add_arguments(serve)
+
+    run = commands.add_parser("exec", help="run a command on a server, or on many")
+    run.usage_exit = ExecExit.FAILURE
+    _client_arguments(run, many=True)
+    run.add_argument("--via", dest="targets", action="append", type=_via, metavar="'CMD ...'",
+                     help="reach the far side through this carrier (kubectl exec -i POD --, "
+                          "...): short for --connect 'via:CMD ...' (repeatable)")
+    run.add_argument("--hosts", metavar="FILE",
+                     help="more targets, one address per line (blank lines and lines "
+                          "starting with # are ignored)")
+    run.add_argument("--parallel", type=_positive, default=DEFAULT_PARALLEL, metavar="N",
+                     help=f"with many targets, run on at most N at once "
+                          f"(default {DEFAULT_PARALLEL})")
+    run.add_argument("--detachable", action="store_true",
+                     help="the session outlives this client: detach with the detach key, "
+                          "or by losing the connection; reattach with `ttyserve attach ID`")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("-t", dest="pty", action="store_const", const=True, help="force a PTY")
+    mode.add_argument("-T", dest="pty", action="store_const", const=False, help="force pipes")
+    run.add_argument("--env", action="append", type=_env_pair, default=[], metavar="K=V",
+                     help="set K to V in the remote command's environment (repeatable)")
+    run.add_argument("--cwd", metavar="DIR",
+                     help="remote working directory (default: the server's)")
+    run.add_argument("--retries", type=_non_negative, default=0, metavar="N",
+                     help="retry up to N times a failure that may pass (refused, busy, ...), "
+                          "only before the command starts (default 0)")
+    run.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARGV",
+                     help="the command and its arguments (default: the server's command)")
+
+    attach = commands.add_parser("attach", help="reattach to a detachable session")
+    attach.usage_exit = ExecExit.FAILURE
+    _client_arguments(attach)
+    attach.add_argument("--steal", action="store_true",
+                        help="take the session over from the client attached to it")
+    attach.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
+    attach.add_argument("session", metavar="ID", help="the session's id (exec and sessions "
+                        "--live show it)")
+
+    sessions = commands.add_parser(
+        "sessions", help="list recent sessions from a journal, or a server's live ones")
+    sessions.add_argument("--live", action="store_true",
+                          help="the server's detachable sessions for the caller, running, "
+                               "detached or ended (instead of a journal's records)")
+    sessions.add_argument("--connect", metavar="ADDR",
+                          help="with --live: server address (default: $TTYSERVE_CONNECT, else "
+                               "the user's socket)")
+    sessions.add_argument("--token-file", metavar="FILE",
+                          help="with --live: file (mode 600) holding the server's token")
+    sessions.add_argument("--tls-ca", metavar="FILE",
+                          help="with --live: CA certificates that sign the server's")
+    sessions.add_argument("--journal", metavar="FILE",
+                          help="journal file (default: $TTYSERVE_JOURNAL)")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session")
+    sessions.add_argument("--limit", type=_non_negative, default=50, metavar="N",
+                          help="most recent N sessions (default 50; 0 for all)")
+    return parser
+
+
+def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
+    """What every command that connects takes: where (and, for `exec`, where all), the
+    token, the CA, the far side's command, the detach key."""
+    if many:
+        parser.add_argument("--connect", dest="targets", action="append", metavar="ADDR",
+                            help="server address: unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, "
+                                 "ssh://[USER@]HOST[:PORT], via:CMD ... (default: "
+                                 "$TTYSERVE_CONNECT, else the user's socket); repeat it to "
+                                 "run on many targets")
+    else:
+        parser.add_argument("--connect", metavar="ADDR",
+                            help="server address (default: $TTYSERVE_CONNECT, else the "
+                                 "user's socket)")
+    parser.add_argument("--remote-command", default=DEFAULT_REMOTE_COMMAND, metavar="PATH",
+                        help="what ssh:// and via: carriers run on the far side "
+                             f"(default {DEFAULT_REMOTE_COMMAND})")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="file (mode 600) holding the server's token (default: "
+                             "$TTYSERVE_TOKEN)")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="CA certificates that sign the server's (default: the system's)")
+    if parser.prog.endswith(("exec", "attach")):
+        parser.add_argument("--detach-key", metavar="KEYS", type=_detach_key,
+                            default=_detach_key(DEFAULT_DETACH_KEY),
+                            help="keys that detach a detachable session at a terminal, in "
+                                 "caret notation (default ^\\d: Ctrl-\\ then d; none: never)")
+
+
+def _detach_key(text: str) -> bytes | None:
+    if text == "none":
+        return None
+    try:
+        return parse_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _connection(args: argparse.Namespace, command: str) -> tuple[Address, str | None] | None:
+    """The address and token a client command was given; None (said on stderr) if unusable."""
+    connect = args.connect or os.environ.get("TTYSERVE_CONNECT")
+    try:
+        address = parse_address(connect) if connect else default_address()
+        return address, read_token(args.token_file)
+    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
+        sys.stderr.write(f"ttyserve {command}: {exc}\n")
+        return None
+
+
+def _targets(args: argparse.Namespace) -> list[tuple[str, Address]]:
+    """`exec`'s targets, each as given with its address: --connect and --via in order, then
+    --hosts FILE; the first of duplicates only. Raises AddressError or ConfigError."""
+    given: list[tuple[str, str]] = [(text, "") for text in args.targets or []]
+    if args.hosts:
+        try:
+            with open(args.hosts, encoding="utf-8") as file:
+                lines = file.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--hosts {args.hosts}: {getattr(exc, 'strerror', None) or exc}"
+                              ) from exc
+        given += [(line.strip(), f"{args.hosts}:{number}: ")
+                  for number, line in enumerate(lines, 1)
+                  if line.strip() and not line.strip().startswith("#")]
+        if not any(where for _, where in given):
+            raise ConfigError(f"--hosts {args.hosts}: no targets in it")
+    if not given:
+        connect = os.environ.get("TTYSERVE_CONNECT")
+        return [(connect, parse_address(connect))] if connect else [
+            (str(default_address()), default_address())]
+    targets: dict[str, Address] = {}
+    for text, where in given:
+        if text not in targets:
+            try:
+                targets[text] = parse_address(text)
+            except AddressError as exc:
+                raise AddressError(f"{where}{exc}") from None
+    return list(targets.items())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..server import config
+    from .serve import serve_main
+
+    try:
+        settings = config.load(args)
+    except UsageError as exc:
+        sys.stderr.write(f"ttyserve serve: {exc}\n")
+        return ServeExit.USAGE
+    except ConfigError as exc:
+        sys.stderr.write(f"ttyserve serve: {exc}\n")
+        return ServeExit.CONFIG
+    return serve_main(settings)
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from .exec_report import ExecOptions
+
+    try:
+        targets = _targets(args)
+        token = read_token(args.token_file)
+    except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
+        sys.stderr.write(f"ttyserve exec: {exc}\n")
+        return ExecExit.FAILURE
+    remote = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    options = ExecOptions(targets[0][1], remote, args.pty, dict(args.env), args.cwd,
+                          args.retries, args.json, token, args.tls_ca,
+                          detachable=args.detachable, detach_key=args.detach_key,
+                          remote_command=args.remote_command, target=targets[0][0])
+    if len(targets) == 1:
+        from . import exec_direct
+
+        if exec_direct.eligible(options):  # no event loop to import: the fast start
+            return exec_direct.exec_direct(options)
+        from .exec import exec_main
+
+        return exec_main(options)
+    from .exec_many import fanout_main
+
+    for flag, given in (("-t", args.pty), ("--detachable", args.detachable)):
+        if given:
+            sys.stderr.write(f"ttyserve exec: {flag} works with one target, not "
+                             f"{len(targets)}\n")
+            return ExecExit.FAILURE
+    return fanout_main(options, targets, args.parallel)
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from .exec import exec_main
+    from .exec_report import ExecOptions
+
+    reached = _connection(args, "attach")
+    if reached is None:
+        return ExecExit.FAILURE
+    address, token = reached
+    return exec_main(ExecOptions(address, [], json=args.json, token=token, tls_ca=args.tls_ca,
+                                 detach_key=args.detach_key, attach=args.session,
+                                 steal=args.steal, remote_command=args.remote_command,
+                                 target=args.connect or ""))
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    from .sessions import live_main, sessions_main
+
+    if args.live:
+        reached = _connection(args, "sessions")
+        if reached is None:
+            return ExecExit.FAILURE
+        return live_main(reached[0], reached[1], args.tls_ca, args.json)
+    path = args.journal or os.environ.get("TTYSERVE_JOURNAL")
+    if not path:
+        sys.stderr.write("ttyserve sessions: no journal: give --journal FILE or set "
+                         "TTYSERVE_JOURNAL\n")
+        return ServeExit.USAGE
+    return sessions_main(path, args.json, args.limit)
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv``; a usage error exits with its subcommand's code (`exec`: 255)."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args, extras = parser.parse_known_args(words)
+    if extras:
+        # argparse leaves a subcommand's unknown flags to the top-level parser, which
+        # would exit 2: the subcommand reports them, with its own usage and exit code.
+        parser.subcommands[args.subcommand].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions}
+    sys.exit(handlers[args.subcommand](args))
+
+
+COMMANDS = ("serve", "exec", "attach", "sessions")

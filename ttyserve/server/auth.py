@@ -1,0 +1,148 @@
+"""Who may talk to the server, and as whom: tokens on TCP and TLS, uids on Unix sockets,
+and a brake on guessing. The handler reports the peer and its `hello`; this decides.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ErrorCode, RequestError
+
+log = logging.getLogger("ttyserve")
+
+FREE_FAILURES = 5  # failed hellos per peer within the window before answers slow down
+WINDOW = 60.0  # seconds a failure is remembered
+MAX_DELAY = 30.0  # the slowest answer to a peer that keeps guessing
+TRACKED_PEERS = 10_000  # the oldest peer is forgotten beyond this: memory stays bounded
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The other end: an IP for TCP and TLS, a uid and pid for a Unix socket; for `serve
+    --stdio`, whoever the carrier authenticated as this server's user."""
+
+    transport: str  # "unix", "tcp", "tls", or "stdio"
+    host: str = ""
+    uid: int | None = None
+    pid: int | None = None
+
+    @property
+    def key(self) -> str:
+        """What failures are counted by: the address for IP, the uid for Unix sockets."""
+        return f"uid:{self.uid}" if self.transport == "unix" else self.host
+
+    def __str__(self) -> str:
+        if self.transport == "unix":
+            return f"unix(uid={self.uid},pid={self.pid})"
+        if self.transport == "stdio":
+            return "stdio"
+        return f"{self.transport}:{self.host}"
+
+
+def stdio_peer() -> Peer:
+    """The peer of `serve --stdio`."""
+    return Peer("stdio", uid=os.getuid())
+
+
+def peer_of(sock: socket.socket, transport: str) -> Peer:
+    if sock.family == socket.AF_UNIX:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        return Peer("unix", uid=uid, pid=pid)
+    host = sock.getpeername()[0]
+    return Peer(transport, host=host)
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may connect: the token TCP and TLS peers must send, the uids allowed on Unix
+    sockets besides the server's own."""
+
+    token: str | None = None
+    allowed_uids: frozenset[int] = field(default_factory=frozenset)
+
+
+def principal_of(peer: Peer) -> str:
+    """Whom a session belongs to: the uid on a Unix socket; on TCP and TLS every holder of
+    the server's token is one principal (protocol section 9)."""
+    return f"uid:{peer.uid}" if peer.transport in ("unix", "stdio") else "token"
+
+
+def refusal(access: Access, peer: Peer, token: str | None) -> str | None:
+    """Why this peer may not go on (for the log, never for the peer), or None."""
+    if peer.transport == "stdio":
+        return None  # the carrier (ssh, kubectl) authenticated it; no token is asked
+    if peer.transport == "unix":
+        if peer.uid == os.getuid() or peer.uid in access.allowed_uids:
+            return None
+        return f"uid {peer.uid} is not allowed on this socket"
+    if access.token is None or token_matches(access.token, token):
+        return None
+    return "missing token" if token is None else "wrong token"
+
+
+def token_matches(expected: str, offered: str | None) -> bool:
+    """Constant-time comparison: how long it takes says nothing about the token."""
+    return hmac.compare_digest(expected.encode(), (offered or "").encode())
+
+
+class AuthThrottle:
+    """Counts failed hellos per peer and says how long to make the next answer wait."""
+
+    def __init__(self) -> None:
+        self._failures: collections.OrderedDict[str, collections.deque[float]] = (
+            collections.OrderedDict())
+
+    def _recent(self, key: str, now: float) -> collections.deque[float]:
+        times = self._failures.get(key)
+        if times is None:
+            return collections.deque()
+        while times and now - times[0] > WINDOW:
+            times.popleft()
+        return times
+
+    def delay(self, peer: Peer) -> float:
+        """Seconds to wait before answering this peer's hello: 0 until it guessed too often."""
+        excess = len(self._recent(peer.key, time.monotonic())) - FREE_FAILURES
+        return 0.0 if excess < 0 else min(MAX_DELAY, 0.5 * 2.0**excess)
+
+    def failed(self, peer: Peer) -> None:
+        now = time.monotonic()
+        times = self._recent(peer.key, now)
+        times.append(now)
+        self._failures[peer.key] = times
+        self._failures.move_to_end(peer.key)
+        while len(self._failures) > TRACKED_PEERS:
+            self._failures.popitem(last=False)
+
+
+class Gate:
+    """The access rules and the throttle of one server: `delay`, then `admit`."""
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+        self.throttle = AuthThrottle()
+
+    def delay(self, peer: Peer) -> float:
+        """Seconds to hold this peer's `hello` before answering it."""
+        return self.throttle.delay(peer)
+
+    def admit(self, peer: Peer, token: str | None) -> str:
+        """The principal this peer acts as; RequestError(unauthorized) when it may not.
+
+        The reason goes to the log; the peer only learns that it was refused.
+        """
+        reason = refusal(self.access, peer, token)
+        if reason is not None:
+            self.throttle.failed(peer)
+            log.warning("%s: unauthorized: %s", peer, reason)
+            raise RequestError(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token, "
+                               "or a peer that is not allowed")
+        return principal_of(peer)

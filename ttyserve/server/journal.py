@@ -1,0 +1,244 @@
+"""The session journal: fsync'd JSON lines, exactly one `session.end` per `session.start`.
+
+A server that dies hard writes no end records; the next one to open the
+journal appends a `crash-inferred` end for every start without one, and hangs
+up what is left of those sessions (verified by the process's start time, so
+a reused pid is never signalled). A torn last line is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from ..backends.groups import group_alive, signal_group
+from .lease import acquire
+
+log = logging.getLogger("ttyserve")
+
+
+class Reason(enum.StrEnum):
+    """The `reason` of a `session.end` record (contracts.md)."""
+
+    EXIT = "exit"
+    CANCELLED = "cancelled"
+    SPAWN_FAILED = "spawn_failed"
+    SHUTDOWN = "shutdown"
+    CRASH_INFERRED = "crash-inferred"
+    ABANDONED = "abandoned"  # a detached session nobody reattached in time
+
+
+class Record(msgspec.Struct, tag_field="event", omit_defaults=True, kw_only=True):
+    """One line of the journal; `event` is the tag. Members we do not know are ignored.
+
+    Subclasses repeat ``kw_only=True``: without it msgspec writes their members
+    before `id` and `at`, and the contract's order is `event`, `id`, `at`, ...
+    """
+
+    id: str
+    at: str  # RFC 3339, UTC, milliseconds
+
+
+class SessionStart(Record, tag="session.start", kw_only=True):
+    """A session began (or its spawn failed: `pid` is then null)."""
+
+    peer: str
+    argv: list[str]
+    pty: bool
+    pid: int | None  # null when the spawn failed: always written
+    start_time: int | None = None  # the process's start, clock ticks since boot
+
+
+class SessionEnd(Record, tag="session.end", kw_only=True):
+    """How a session ended: exactly one per start."""
+
+    reason: str  # a Reason; read as text, so an end a newer server wrote still pairs up
+    code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    errno: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+
+
+class SessionDetach(Record, tag="session.detach", kw_only=True):
+    """A detachable session went on without a client (section 9)."""
+
+    peer: str
+
+
+class SessionAttach(Record, tag="session.attach", kw_only=True):
+    """A client attached to a detachable session."""
+
+    peer: str
+
+
+AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach
+_decoder = msgspec.json.Decoder(AnyRecord)
+_encoder = msgspec.json.Encoder()
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def process_start_time(pid: int) -> int | None:
+    """Clock ticks after boot at which ``pid`` started (tells a pid from its reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[19])
+
+
+@dataclass
+class ParsedJournal:
+    records: list[AnyRecord]
+    torn: int  # lines that did not parse (a crash mid-write leaves at most one)
+    ends_with_newline: bool
+
+
+def parse(data: bytes) -> ParsedJournal:
+    """The records of a journal; a torn or unreadable line is counted and skipped."""
+    records: list[AnyRecord] = []
+    torn = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            records.append(_decoder.decode(line))
+        except msgspec.DecodeError:  # ValidationError included
+            torn += 1
+    return ParsedJournal(records, torn, not data or data.endswith(b"\n"))
+
+
+def read_file(path: str) -> ParsedJournal:
+    with open(path, "rb") as file:
+        return parse(file.read())
+
+
+def open_sessions(records: list[AnyRecord]) -> list[SessionStart]:
+    """`session.start` records that have no `session.end`, in order."""
+    ended = {r.id for r in records if isinstance(r, SessionEnd)}
+    return [r for r in records if isinstance(r, SessionStart) and r.id not in ended]
+
+
+def pair_sessions(records: list[AnyRecord],
+                  ) -> Iterator[tuple[SessionStart, SessionEnd | None]]:
+    """Every start with its end (None while it runs), in the order the sessions started."""
+    ends = {r.id: r for r in records if isinstance(r, SessionEnd)}
+    for record in records:
+        if isinstance(record, SessionStart):
+            yield record, ends.get(record.id)
+
+
+class Journal:
+    """An open, locked journal file; records are appended and fsync'd one at a time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._lock = anyio.Lock()
+        try:
+            acquire(self.fd, f"journal {path}")
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _read_all(self) -> bytes:
+        chunks = []
+        offset = 0
+        while chunk := os.pread(self.fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+
+    def _append_now(self, record: Record) -> None:
+        os.write(self.fd, _encoder.encode(record) + b"\n")
+        os.fsync(self.fd)
+
+    def recover(self, grace: float = 1.0) -> list[SessionEnd]:
+        """Close what a crashed server left open; return the `crash-inferred` ends written."""
+        parsed = parse(self._read_all())
+        if parsed.torn:
+            log.warning("journal %s: skipped %d torn or unreadable line(s)", self.path,
+                        parsed.torn)
+        if not parsed.ends_with_newline:
+            os.write(self.fd, b"\n")  # the next record starts on a line of its own
+        ends = []
+        survivors = []
+        for start in open_sessions(parsed.records):
+            if start.pid is not None and start.pid > 0 and _still_ours(start.pid,
+                                                                       start.start_time):
+                survivors.append(start.pid)
+            end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED)
+            self._append_now(end)
+            ends.append(end)
+        if ends:
+            log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)",
+                        self.path, len(ends), len(survivors))
+        _hang_up_survivors(survivors, grace)
+        return ends
+
+    async def append(self, record: Record) -> None:
+        """Write one record and fsync it, off the event loop, in order."""
+        async with self._lock:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._append_now, record)
+
+    async def start(self, session_id: str, peer: str, argv: list[str], pty: bool,
+                    pid: int | None) -> None:
+        start_time = process_start_time(pid) if pid is not None else None
+        await self.append(SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv,
+                                       pty=pty, pid=pid, start_time=start_time))
+
+    async def end(self, session_id: str, reason: Reason, *, code: int | None = None,
+                  signal: str | None = None, error: str | None = None,
+                  errno: int | None = None, bytes_in: int | None = None,
+                  bytes_out: int | None = None) -> None:
+        """Write the one `session.end` of ``session_id``; members left None are omitted."""
+        await self.append(SessionEnd(id=session_id, at=now_rfc3339(), reason=reason, code=code,
+                                     signal=signal, error=error, errno=errno,
+                                     bytes_in=bytes_in, bytes_out=bytes_out))
+
+    async def note(self, kind: type[SessionDetach | SessionAttach], session_id: str,
+                   peer: str) -> None:
+        """Record a detach or an attach of ``session_id`` by ``peer``."""
+        await self.append(kind(id=session_id, at=now_rfc3339(), peer=peer))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _still_ours(pid: int, recorded_start: int | None) -> bool:
+    """Whether process group ``pid`` can only be what the crashed session left.
+
+    A live leader must have the recorded start time (else the pid was reused).
+    With the leader gone, members that still carry its group id are its own:
+    the id cannot be taken by a new group while any of them lives.
+    """
+    current = process_start_time(pid)
+    return current == recorded_start if current is not None else group_alive(pid)
+
+
+def _hang_up_survivors(groups: list[int], grace: float) -> None:
+    """SIGHUP the process groups of crashed sessions, SIGKILL what is left after ``grace``."""
+    for group in groups:
+        signal_group(group, signal.SIGHUP)
+        signal_group(group, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline and any(group_alive(g) for g in groups):
+        time.sleep(0.02)
+    for group in groups:
+        signal_group(group, signal.SIGKILL)

@@ -1,0 +1,294 @@
+"""The server: its state, accept loops, the set of connections, and graceful shutdown.
+
+Shutdown stops accepting, hangs up every session (SIGHUP to its process
+group) and lets sessions send their `exit` frames. It is bounded by a
+watchdog; `force()` (the second signal) ends it at once. A forced end
+cancels every connection, which kills and reaps every process.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from ..addresses import Address
+from ..backends.base import Backend
+from ..backends.local import ChildBackend, LocalBackend
+from ..protocol.server import ServerConnection
+from ..transport.streams import (
+    SocketByteStream,
+    SocketTransport,
+    StreamTransport,
+    Transport,
+    send_all,
+)
+from .auth import Gate, Peer, peer_of
+from .handler import ConnectionHandler
+from .journal import Journal
+from .registry import SessionRegistry, busy
+from .settings import ServerSettings
+
+if TYPE_CHECKING:
+    from ..web.http import FrontDoor
+
+log = logging.getLogger("ttyserve")
+
+_ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
+
+
+def ensure_children_reapable() -> None:
+    """An inherited SIGCHLD=SIG_IGN makes the kernel reap our children itself, and
+    every wait fail with ECHILD: restore the default so statuses can be learned."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+class Server:
+    """Serves sessions on a set of listeners until shut down.
+
+    It owns the server's state: the session registry, the gate (access rules and
+    the failed-hello throttle) and the set of open connections.
+    """
+
+    def __init__(self, settings: ServerSettings, backend: Backend | None = None,
+                 reap_orphans: bool = True, *, journal: Journal | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.settings = settings
+        self.registry = SessionRegistry(
+            settings, backend or LocalBackend(settings.default_cwd), journal)
+        self.gate = Gate(settings.access)
+        self.handlers: set[ConnectionHandler] = set()
+        self.reap_orphans = reap_orphans
+        self.tls = tls
+        self._connections = 0
+        self._handlers_changed = anyio.Event()
+        self.forced = False
+        self._stop = anyio.Event()
+        self._force = anyio.Event()
+        self._web: FrontDoor | None = None
+
+    def shutdown(self) -> None:
+        """Begin the graceful drain (idempotent)."""
+        self._stop.set()
+
+    def force(self) -> None:
+        """End now: cancel every session, kill and reap its processes."""
+        self._stop.set()
+        self._force.set()
+
+    async def serve(
+        self,
+        listeners: list[tuple[Address, socket.socket]],
+        on_listening: Callable[[Address], None] | None = None,
+        *,
+        only: tuple[Transport, Peer] | None = None,
+    ) -> bool:
+        """Serve until shut down; True when the drain finished, False when forced.
+
+        With ``only`` (`serve --stdio`), serve that one open connection besides any
+        listeners, and shut down once it ends."""
+        ensure_children_reapable()
+        backend = self.registry.backend
+        async with anyio.create_task_group() as maintenance:
+            if self.reap_orphans and isinstance(backend, ChildBackend):
+                maintenance.start_soon(backend.reap_orphans)
+            async with self.registry.running():
+                drained = await self._serve(listeners, on_listening, only)
+            maintenance.cancel_scope.cancel()
+        return drained
+
+    async def _serve(
+        self,
+        listeners: list[tuple[Address, socket.socket]],
+        on_listening: Callable[[Address], None] | None,
+        only: tuple[Transport, Peer] | None,
+    ) -> bool:
+        async with anyio.create_task_group() as connections:
+            if only is not None:
+                connections.start_soon(self._serve_only, *only)
+            async with anyio.create_task_group() as accepting:
+                for address, listener in listeners:
+                    accepting.start_soon(self._accept_loop, listener, address, connections)
+                    if on_listening is not None:
+                        on_listening(address)
+                await self._stop.wait()
+                accepting.cancel_scope.cancel()
+            for _, listener in listeners:
+                listener.close()
+            self.registry.hang_up_all()
+            for handler in list(self.handlers):
+                handler.begin_shutdown()
+            with anyio.move_on_after(self.settings.shutdown_timeout) as watchdog:
+                async with anyio.create_task_group() as waiter:
+                    waiter.start_soon(self._wait_forced, waiter.cancel_scope)
+                    await self._wait_drained()
+                    waiter.cancel_scope.cancel()
+            if watchdog.cancelled_caught or self._force.is_set():
+                self.forced = True
+                log.warning("shutdown forced: killing %d session(s) on %d connection(s)",
+                            len(self.registry.sessions), len(self.handlers))
+                connections.cancel_scope.cancel()
+        return not self.forced
+
+    async def _wait_forced(self, scope: anyio.CancelScope) -> None:
+        await self._force.wait()
+        scope.cancel()
+
+    async def _wait_drained(self) -> None:
+        while self.handlers:
+            await self._handlers_changed.wait()
+        await self.registry.wait_empty()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _handler_closed(self, handler: ConnectionHandler) -> None:
+        self.handlers.discard(handler)
+        self._handlers_changed.set()
+        self._handlers_changed = anyio.Event()
+
+    async def _accept_loop(self, listener: socket.socket, address: Address,
+                           connections: anyio.abc.TaskGroup) -> None:
+        while True:
+            await anyio.wait_readable(listener)
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("accept failed: %s; retrying", exc.strerror)
+                    await anyio.sleep(_ACCEPT_RETRY)
+                continue
+            connections.start_soon(self._serve_connection, sock, address)
+
+    async def _serve_connection(self, sock: socket.socket, listener: Address) -> None:
+        try:
+            peer = peer_of(sock, listener.scheme)
+        except OSError:
+            sock.close()
+            return
+        self._connections += 1  # counted from accept: TLS and HTTP handshakes take a slot too
+        try:
+            transport = await self._open_transport(sock, listener, peer)
+            if transport is not None:
+                await self._handle(transport, peer)
+        except Exception:  # one connection's bug must not take the server down
+            log.exception("connection %s failed", peer)
+        finally:
+            self._connections -= 1
+
+    async def _handle(self, transport: Transport, peer: Peer) -> None:
+        try:
+            handler = ConnectionHandler(transport, peer, self.registry, self.gate,
+                                        self._handler_closed)
+            self.handlers.add(handler)
+            await handler.run()
+        except Exception:  # one connection's bug must not take the server down
+            log.exception("connection %s failed", peer)
+
+    async def _serve_only(self, transport: Transport, peer: Peer) -> None:
+        """The connection of `serve --stdio`: when it ends, the server's work is done."""
+        try:
+            await self._handle(transport, peer)
+        finally:
+            self.shutdown()
+
+    async def _open_transport(self, sock: socket.socket, listener: Address,
+                              peer: object) -> Transport | None:
+        """The connection's transport, or None when it was refused, its TLS failed, or (web
+        listeners) it only asked for the page. Everything before the protocol starts is
+        bounded by the handshake deadline."""
+        limit = self.settings.max_connections
+        if self._connections > limit:
+            log.warning("%s: refused: %d connections open", peer, self._connections - 1)
+            if listener.scheme in ("unix", "tcp"):
+                await refuse_busy(SocketTransport(sock), limit)
+            else:  # a frame would be garbage to TLS or HTTP: the connection is closed
+                sock.close()
+            return None
+        if listener.scheme in ("unix", "tcp"):
+            return SocketTransport(sock)
+        stream: anyio.abc.ByteStream | None = None
+        handed_off = False
+        try:
+            with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
+                try:
+                    if listener.encrypted:
+                        from anyio.streams.tls import TLSStream  # only tls: and wss: need it
+
+                        stream = await anyio.abc.SocketStream.from_socket(sock)
+                        assert self.tls is not None
+                        stream = await TLSStream.wrap(stream, server_side=True,
+                                                      ssl_context=self.tls,
+                                                      standard_compatible=False)
+                    else:
+                        stream = SocketByteStream(sock)
+                except (ssl.SSLError, OSError, anyio.BrokenResourceError,
+                        anyio.EndOfStream) as exc:
+                    log.info("%s: TLS handshake failed: %s", peer, exc)
+                else:
+                    if not listener.web:
+                        handed_off = True
+                        return StreamTransport(stream)
+                    upgraded = await self._front_door().serve(stream, peer, listener)
+                    if upgraded is not None:
+                        handed_off = True
+                        return upgraded
+            if deadline.cancelled_caught:
+                log.info("%s: no %s in time", peer,
+                         "upgrade" if listener.web else "TLS handshake")
+            return None
+        finally:
+            if not handed_off:  # on every other way out, cancellation and errors included
+                # Close what owns the descriptor: the asyncio transport, once there is one.
+                with anyio.CancelScope(shield=True):
+                    if stream is not None:
+                        await stream.aclose()
+                    else:
+                        sock.close()
+
+    def _front_door(self) -> FrontDoor:
+        """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""
+        if self._web is None:
+            from ..web.http import FrontDoor  # h11 and wsproto: ~25 ms of every start-up
+
+            self._web = FrontDoor(self.settings.allowed_origins)
+        return self._web
+
+
+async def refuse_busy(transport: Transport, limit: int) -> None:
+    """Answer `busy` on channel 0 to a connection over the limit, then close it."""
+    core = ServerConnection()
+    core.close(busy(f"the server has its maximum of {limit} connections"))
+    with anyio.move_on_after(1):
+        try:
+            await send_all(transport, b"".join(core.data_to_send()))
+            await transport.send_eof()
+            while True:
+                await transport.receive(4096)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError):
+            pass
+    await transport.aclose()
+
+
+def login_shell() -> list[str]:
+    """The user's login shell as sshd runs it when no command is given."""
+    import pwd
+
+    try:
+        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+    except KeyError:
+        shell = "/bin/sh"
+    return [shell, "-l"]

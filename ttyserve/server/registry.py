@@ -1,0 +1,267 @@
+"""Sessions belong to the server: admission, spawn, the journal, ids, the hang-up at shutdown.
+
+A connection asks the registry to open a session and attaches a channel to
+it; the session's task runs in the registry's task group, so a session can
+outlive the connection that opened it (the seam detachable sessions use).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import msgspec
+
+from ..backends.base import Backend, ProcessSpec
+from ..errors import ErrorCode, RequestError
+from ..protocol.messages import Exit, Open, SessionInfo
+from .journal import Journal, Reason, SessionAttach, SessionDetach
+from .recording import finish_recording, start_recording
+from .session import ServerSession
+from .settings import ServerSettings
+
+log = logging.getLogger("ttyserve")
+
+BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`
+
+
+def busy(message: str) -> RequestError:
+    return RequestError(ErrorCode.BUSY, message, retry_after_ms=BUSY_RETRY_MS)
+
+
+def shutting_down() -> RequestError:
+    return RequestError(ErrorCode.SHUTTING_DOWN, "the server is shutting down",
+                        retry_after_ms=BUSY_RETRY_MS)
+
+
+def _members(status: Exit) -> dict[str, object]:
+    """The members of an `exit` message, as `list` gives them."""
+    return {k: v for k, v in msgspec.structs.asdict(status).items() if v is not None}
+
+
+def new_session_id() -> str:
+    """128 random bits, URL-safe: unguessable, so it can name a session to reattach."""
+    return secrets.token_urlsafe(16)
+
+
+class SessionRegistry:
+    """Every live session of one server, by id."""
+
+    def __init__(self, settings: ServerSettings, backend: Backend,
+                 journal: Journal | None = None) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.journal = journal
+        # Running sessions, and detachable ones that ended while detached (until their exit
+        # reaches the next attach, or --detached-timeout passes).
+        self.sessions: dict[str, ServerSession] = {}
+        self.closing = False  # a graceful shutdown began: no new sessions
+        self._running = 0
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._emptied: anyio.Event | None = None
+        self._replan: anyio.Event = anyio.Event()  # a detach or attach moved a deadline
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SessionRegistry]:
+        """The task group sessions run in; on the way out, every session still running is
+        cancelled (killed and reaped)."""
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            tg.start_soon(self._sweep)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+                self._task_group = None
+
+    def spec_for(self, request: Open) -> ProcessSpec:
+        """What to run for an `open`: its members, the server's defaults where it has none."""
+        return ProcessSpec(
+            argv=list(request.argv) or list(self.settings.default_argv), pty=request.pty,
+            rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
+            cwd=request.cwd or self.settings.default_cwd)
+
+    async def open(self, request: Open, owner: str, peer: str, sessions_here: int) -> ServerSession:
+        """Admit and spawn a session; RequestError says why not (shutting_down, busy,
+        bad_request or forbidden from the policy, spawn_failed)."""
+        settings = self.settings
+        if self.closing:
+            raise shutting_down()
+        if len(self.sessions) >= settings.max_sessions:
+            raise busy(f"the server runs its maximum of {settings.max_sessions} sessions")
+        self.check_room(sessions_here)
+        if request.detachable and not settings.keeps_detached:
+            raise RequestError(ErrorCode.BAD_REQUEST, "this server cannot keep a detachable "
+                               "session: it ends with its one connection (serve --stdio)")
+        try:
+            settings.policy.check(request)
+        except RequestError as exc:
+            log.warning("%s: %s: %s", peer, exc.code, exc.message)
+            raise
+        spec = self.spec_for(request)
+        session_id = new_session_id()
+        try:
+            process = await self.backend.spawn(spec)
+        except OSError as exc:
+            log.info("%s: spawn failed: %s", peer, exc)
+            failure = exc.errno
+
+            async def records(journal: Journal) -> None:
+                await journal.start(session_id, peer, spec.argv, spec.pty, None)
+                await journal.end(session_id, Reason.SPAWN_FAILED, errno=failure)
+
+            await self._record(records)
+            raise RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
+                               errno=exc.errno or errno.EIO) from exc
+        session = ServerSession(session_id, process, spec, peer, settings.linger, owner,
+                          settings.scrollback if request.detachable else None)
+        session.on_delivered = lambda: self._forget(session)
+        if settings.record_dir is not None and self._task_group is not None:
+            start_recording(session, settings.record_dir, settings.record_input,
+                            self._task_group)
+        self.sessions[session_id] = session
+        return session
+
+    def find(self, session_id: str, owner: str) -> ServerSession:
+        """The detachable session ``session_id`` of ``owner``; RequestError(no_such_session)
+        when it is unknown, expired, not detachable, or another principal's (alike, so
+        its existence is not revealed)."""
+        session = self.sessions.get(session_id)
+        if session is None or not session.detachable or session.owner != owner:
+            raise RequestError(ErrorCode.NO_SUCH_SESSION,
+                               "no such session: unknown, expired, or not yours")
+        return session
+
+    def listing(self, owner: str) -> list[SessionInfo]:
+        """``owner``'s detachable sessions, for `list`."""
+        return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
+                            started=s.started, attached=s.sink is not None,
+                            exit=_members(s.pending_exit) if s.pending_exit else None)
+                for s in self.sessions.values() if s.detachable and s.owner == owner]
+
+    def deadline_moved(self) -> None:
+        """A session was detached or attached: the sweeper plans again."""
+        self._replan.set()
+
+    def _forget(self, session: ServerSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    async def _sweep(self) -> None:
+        """Hang up detached sessions nobody attached for --detached-timeout (journal:
+        abandoned), and drop ended ones whose exit nobody came for; on time to the second."""
+        timeout = self.settings.detached_timeout
+        while True:
+            self._replan = anyio.Event()
+            now = time.monotonic()
+            deadlines = []
+            for session in list(self.sessions.values()):
+                if session.detached_at is None or session.sink is not None:
+                    continue
+                deadline = session.detached_at + timeout
+                if deadline > now:
+                    deadlines.append(deadline)
+                elif session.pending_exit is not None:
+                    log.info("session %s: its exit was not collected in time: dropped",
+                             session.id)
+                    self._forget(session)
+                elif session.ending is None:
+                    log.info("session %s: detached for %g s: hung up", session.id, timeout)
+                    session.cancel(Reason.ABANDONED)
+            with anyio.move_on_after(min(deadlines) - now if deadlines else math.inf):
+                await self._replan.wait()
+
+    def start(self, session: ServerSession) -> None:
+        """Run an opened (and attached) session in the registry's task group."""
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        self._task_group.start_soon(self._run, session)
+
+    async def _run(self, session: ServerSession) -> None:
+        spec = session.spec
+        self._running += 1
+        recorded = await self._record(lambda journal: journal.start(
+            session.id, session.peer, spec.argv, spec.pty, session.pid))
+        status: Exit | None = None
+        try:
+            with session.scope:
+                status = await session.run()
+        except Exception:  # one session's bug must not take the server down
+            log.exception("session %s failed", session.id)
+        finally:
+            await session.process.aclose()  # run() closes it; this covers a run never begun
+            session.close_input()
+            if session.sink is not None and session.pending_exit is None:
+                session.sink.ended()  # (a pending exit goes to the attach that takes it)
+            await finish_recording(session)  # its exit, then the file closed: never raises
+            if recorded:
+                await self._record(lambda journal: self._journal_end(journal, session, status))
+            if session.pending_exit is None:  # else kept for the next attach, in bounded memory
+                self._forget(session)
+            else:
+                self.deadline_moved()
+            self._running -= 1  # after the end record: "none running" means all written
+            if not self._running and self._emptied is not None:
+                self._emptied.set()
+
+    async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
+        """Write journal records, shielded (a start always gets its end); False when there is
+        no journal or the write failed (logged: the session goes on without records)."""
+        if self.journal is None:
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                await write(self.journal)
+            except OSError as exc:
+                log.error("journal %s: %s", self.journal.path, exc)
+                return False
+        return True
+
+    @staticmethod
+    async def _journal_end(journal: Journal, session: ServerSession, status: Exit | None) -> None:
+        reason = session.ending or (Reason.EXIT if status is not None else Reason.CANCELLED)
+        final = session.process.status
+        await journal.end(
+            session.id, reason,
+            code=final.code if final else None, signal=final.signal if final else None,
+            error=final.error if final else None,
+            bytes_in=session.bytes_in, bytes_out=session.bytes_out)
+
+    def check_room(self, sessions_here: int) -> None:
+        """RequestError(busy) when a connection carries its maximum of sessions."""
+        limit = self.settings.max_sessions_per_connection
+        if sessions_here >= limit:
+            raise busy(f"this connection runs its maximum of {limit} sessions")
+
+    async def note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
+                   peer: str) -> None:
+        """A detach or an attach: the sweeper plans again, and the journal records it."""
+        self.deadline_moved()
+        await self._record(lambda journal: journal.note(kind, session.id, peer))
+
+    def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
+                  peer: str) -> None:
+        """`note`, from where nothing can wait (a connection that is ending)."""
+        self.deadline_moved()
+        if self.journal is not None and self._task_group is not None:
+            self._task_group.start_soon(self.note, session, kind, peer)
+
+    def hang_up_all(self) -> None:
+        """Graceful shutdown: no new sessions; SIGHUP to every running session's process
+        group, detached ones included."""
+        self.closing = True
+        for session in list(self.sessions.values()):
+            if session.pending_exit is None:
+                session.hang_up()
+
+    async def wait_empty(self) -> None:
+        """Until no session runs (ended ones waiting for an attach do not count)."""
+        while self._running:
+            self._emptied = anyio.Event()
+            await self._emptied.wait()

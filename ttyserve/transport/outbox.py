@@ -1,0 +1,156 @@
+"""The one writer of a connection: bytes go out in the order the core framed them.
+
+What the protocol core hands out (`data_to_send()`) is first tried straight on
+the socket by the task that made it (no hop through another task when nothing
+is queued: the keystroke-echo path). What does not fit is queued, and a
+writer task, started only then and ending when the queue is empty, sends it as
+the socket drains. Producers that can wait (`wait_for_room`) wait while more
+than `limit` bytes are queued: that is how a client that stops reading stops
+the process's output instead of growing our memory.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+import anyio
+import anyio.abc
+
+from .streams import MAX_IOVECS, Buffer, Transport
+
+DEFAULT_LIMIT = 1 << 20  # bytes queued per connection before producers wait
+BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
+
+
+class Outbox:
+    """Serialises buffers onto a transport, in order, with bounded memory."""
+
+    def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
+                 limit: int = DEFAULT_LIMIT) -> None:
+        self.transport = transport
+        self.limit = limit
+        self._on_broken = on_broken
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._writing = False
+        self.broken = False
+        self._buffers: collections.deque[Buffer] = collections.deque()
+        self._queued = 0
+        self._closing = False
+        self._room: anyio.Event | None = None  # made only when a producer has to wait
+        self.done = anyio.Event()  # set once closed and flushed, or broken
+
+    def attach(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Where the writer task runs when one is needed; call before the first `push`."""
+        self._task_group = task_group
+
+    def push(self, buffers: Sequence[Buffer]) -> None:
+        """Send ``buffers`` in order: now if the socket takes them, else queued. Never waits.
+
+        Raises anyio.BrokenResourceError once the connection is broken or closed.
+        """
+        if self.broken or self._closing:
+            raise anyio.BrokenResourceError("the connection is closed")
+        if not buffers:
+            return
+        if not self._buffers:
+            try:
+                sent = self.transport.try_send(buffers)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._break()
+                raise anyio.BrokenResourceError("the connection is broken") from None
+            rest = _skip(buffers, sent)
+            if not rest:
+                return
+        else:
+            rest = list(buffers)
+        self._buffers.extend(rest)
+        self._queued += sum(len(b) for b in rest)
+        if not self._writing:
+            assert self._task_group is not None, "Outbox.attach() was not called"
+            self._writing = True
+            self._task_group.start_soon(self._drain)
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a producer may go on without waiting."""
+        return self._queued <= self.limit or self.broken
+
+    async def wait_for_room(self) -> None:
+        """Wait while more than `limit` bytes are queued (returns at once when broken)."""
+        while self._queued > self.limit and not self.broken:
+            room = self._room = self._room or anyio.Event()
+            await room.wait()
+
+    def close(self) -> None:
+        """No more pushes: what is queued is still sent, then `done` is set."""
+        self._closing = True
+        if not self._writing:
+            self.done.set()
+
+    def _break(self) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        self._buffers.clear()
+        self._queued = 0
+        self._wake_producers()
+        self.done.set()
+        if self._on_broken is not None:
+            self._on_broken()
+
+    def _wake_producers(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
+
+    def _batch(self) -> list[Buffer]:
+        batch: list[Buffer] = []
+        size = 0
+        for buffer in self._buffers:
+            if size >= BATCH_BYTES or len(batch) >= MAX_IOVECS:
+                break
+            batch.append(buffer)
+            size += len(buffer)
+        return batch
+
+    async def _drain(self) -> None:
+        """The writer task: send the queue as the socket takes it, until it is empty."""
+        try:
+            while self._buffers and not self.broken:
+                try:
+                    sent = await self.transport.send_some(self._batch())
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    self._break()
+                    return
+                self._queued -= sent
+                while sent:
+                    head = self._buffers[0]
+                    if sent >= len(head):
+                        sent -= len(head)
+                        self._buffers.popleft()
+                    else:
+                        self._buffers[0] = memoryview(head)[sent:]
+                        sent = 0
+                if self._queued <= self.limit:
+                    self._wake_producers()
+        finally:
+            self._writing = False
+            self._wake_producers()
+            if self._closing or self.broken:
+                self.done.set()
+
+
+def _skip(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``buffers`` after their first ``sent`` bytes went out."""
+    rest: list[Buffer] = []
+    for buffer in buffers:
+        size = len(buffer)
+        if sent >= size:
+            sent -= size
+        elif sent:
+            rest.append(memoryview(buffer)[sent:])
+            sent = 0
+        else:
+            rest.append(buffer)
+    return rest
