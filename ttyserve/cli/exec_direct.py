@@ -259,9 +259,8 @@ def _act(session: _Session, out: Output) -> None:
 
 def _read_stdin(session: _Session) -> bool:
     """One read of our stdin to the session, one frame; False once it ended (`eof` sent)."""
-    welcome = session.core.welcome
     try:
-        data = os.read(0, min(READ_SIZE, welcome.max_frame if welcome else READ_SIZE))
+        data = os.read(0, min(READ_SIZE, session.core.max_frame))
     except BlockingIOError:
         return True  # a non-blocking stdin we share with someone else
     except OSError as exc:

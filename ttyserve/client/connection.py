@@ -51,7 +51,7 @@ from ..protocol.client import (
     StdinCreditGranted,
     WelcomeReceived,
 )
-from ..protocol.frames import DEFAULT_MAX_FRAME, FrameKind
+from ..protocol.frames import FrameKind
 from ..protocol.messages import (
     DEFAULT_COLS,
     DEFAULT_ROWS,
@@ -149,13 +149,12 @@ class Session:
         core = connection._core
         view = memoryview(data)
         while view:
-            credit = core.stdin_credit(self.channel)
-            if credit == 0:
-                if self.channel not in core.channels.live:
+            size = core.stdin_limit(self.channel)
+            if not size:
+                if not core.live(self.channel):
                     return  # the session ended: what is left has nowhere to go
                 await self._wait_credit()
                 continue
-            size = connection.max_frame if credit is None else min(credit, connection.max_frame)
             await connection._write(core.stdin(self.channel, bytes(view[:size])))
             view = view[size:]
 
@@ -204,7 +203,7 @@ class Session:
 
     async def _control(self, message: Message) -> None:
         core = self._connection._core
-        if self.channel not in core.channels.live:
+        if not core.live(self.channel):
             return  # ended: there is no one to tell
         await self._connection._write(core.control(self.channel, message))
 
@@ -305,8 +304,7 @@ class Connection:
     @property
     def max_frame(self) -> int:
         """The largest payload the server takes (what `welcome` said; 1 MiB until then)."""
-        welcome = self._core.welcome
-        return welcome.max_frame if welcome is not None else DEFAULT_MAX_FRAME
+        return self._core.max_frame
 
     async def spawn(
         self,

@@ -48,21 +48,52 @@ def next_state(state: ChannelState, step: Step) -> ChannelState | None:
     return TRANSITIONS.get((state, step))
 
 
-class Channel(msgspec.Struct):
-    """A live channel: its state and its credit in both directions (section 7).
+class Credit:
+    """One direction of one channel's flow control (section 7), as both ends keep it.
 
-    Credit is None on a connection without windows. ``output_credit`` is what the
-    server may still send (STDOUT and STDERR share it); ``stdin_credit`` is what
-    the client may still send; ``stdin_consumed`` (server) and ``output_consumed``
-    (client) are what was taken and not granted back yet.
+    ``available`` is what the sender may still send. The receiver counts what its side
+    has taken (`consumed`) and grants it back once half the window was taken, so the
+    sender always has at least half a window to go on with: one policy, written once,
+    for STDIN (granted by the server) and output (granted by the client).
     """
+
+    __slots__ = ("_grant_at", "_taken", "available")
+
+    def __init__(self, window: int) -> None:
+        self.available = window
+        self._taken = 0  # consumed by the receiver and not granted back yet
+        self._grant_at = max(1, window // 2)
+
+    def spend(self, size: int) -> bool:
+        """Take ``size`` bytes of credit; False (and nothing taken) when there is not enough."""
+        if size > self.available:
+            return False
+        self.available -= size
+        return True
+
+    def add(self, size: int) -> None:
+        """A grant arrived (the sender's side)."""
+        self.available += size
+
+    def consumed(self, size: int) -> int:
+        """The receiver took ``size`` bytes: the grant to send back now (added to
+        ``available`` already), or 0 while less than half the window is owed."""
+        self._taken += size
+        if self._taken < self._grant_at:
+            return 0
+        grant, self._taken = self._taken, 0
+        self.available += grant
+        return grant
+
+
+class Channel(msgspec.Struct):
+    """A live channel: its state and its credit each way (section 7), None on a connection
+    without windows. STDOUT and STDERR share the output credit."""
 
     state: ChannelState
     pty: bool = True
-    output_credit: int | None = None
-    stdin_credit: int | None = None
-    stdin_consumed: int = 0
-    output_consumed: int = 0
+    output: Credit | None = None
+    stdin: Credit | None = None
 
 
 class IdSet:

@@ -14,7 +14,7 @@ import collections
 import msgspec
 
 from ..errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
-from .channels import Channel, ChannelState, ChannelTable, Step, next_state
+from .channels import Channel, ChannelState, ChannelTable, Credit, Step, next_state
 from .frames import (
     DEFAULT_MAX_FRAME,
     SERVER_KINDS,
@@ -138,9 +138,11 @@ class ClientConnection:
             raise LocalProtocolError(f"channel {channel} cannot be opened (0, or used before)")
         if not self.hello_sent.multiplex and len(self.channels.used):
             raise LocalProtocolError("this connection carries one session (multiplex is false)")
+        window = self.hello_sent.window
         self.channels.begin(channel, Channel(
             ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
-            output_credit=self.hello_sent.window, stdin_credit=self._initial_stdin_credit()))
+            output=None if window is None else Credit(window),
+            stdin=None if window is None else Credit(self._stdin_window())))
         return _control_frame(channel, request)
 
     def list_sessions(self) -> bytes:
@@ -149,29 +151,41 @@ class ClientConnection:
             raise LocalProtocolError("'list' before 'hello'")
         return _control_frame(0, List())
 
-    def _initial_stdin_credit(self) -> int | None:
-        assert self.hello_sent is not None
-        if self.hello_sent.window is None:
-            return None
-        if self.welcome is None:
-            return 0  # the window is not known before `welcome`
-        return self.welcome.window
+    def _stdin_window(self) -> int:
+        """The STDIN credit a channel starts with: 0 until `welcome` says it."""
+        return (self.welcome.window or 0) if self.welcome is not None else 0
+
+    def live(self, channel: int) -> bool:
+        """Whether ``channel`` is opening or open (it has not ended on either side)."""
+        return channel in self.channels.live
+
+    @property
+    def max_frame(self) -> int:
+        """The largest payload the server takes (what `welcome` said; the default until
+        then)."""
+        return self.welcome.max_frame if self.welcome is not None else DEFAULT_MAX_FRAME
 
     def stdin_credit(self, channel: int) -> int | None:
         """STDIN the channel may send now: None for no limit, 0 to wait for a grant."""
         record = self.channels.live.get(channel)
-        return 0 if record is None else record.stdin_credit
+        if record is None:
+            return 0
+        return None if record.stdin is None else record.stdin.available
+
+    def stdin_limit(self, channel: int) -> int:
+        """The most the next STDIN frame of ``channel`` may carry: its credit, within the
+        server's `max_frame`; 0 to wait for a grant (or once the channel has ended)."""
+        credit = self.stdin_credit(channel)
+        return self.max_frame if credit is None else min(credit, self.max_frame)
 
     def stdin(self, channel: int, data: bytes) -> bytes:
         """Frame STDIN; LocalProtocolError beyond the channel's credit."""
         record = self.channels.live.get(channel)
         if record is None:
             raise LocalProtocolError(f"channel {channel} is not live")
-        if record.stdin_credit is not None:
-            if len(data) > record.stdin_credit:
-                raise LocalProtocolError(f"channel {channel}: {len(data)} bytes of STDIN exceed "
-                                         f"its credit of {record.stdin_credit}")
-            record.stdin_credit -= len(data)
+        if record.stdin is not None and not record.stdin.spend(len(data)):
+            raise LocalProtocolError(f"channel {channel}: {len(data)} bytes of STDIN exceed "
+                                     f"its credit of {record.stdin.available}")
         return encode_frame(FrameKind.STDIN, channel, data)
 
     def control(self, channel: int, message: Message) -> bytes:
@@ -181,22 +195,18 @@ class ClientConnection:
         record = self.channels.live.get(channel)
         if record is None:
             raise LocalProtocolError(f"channel {channel} is not live")
-        if isinstance(message, Window) and record.output_credit is not None:
-            record.output_credit += message.bytes
+        if isinstance(message, Window) and record.output is not None:
+            record.output.add(message.bytes)
         return _control_frame(channel, message)
 
     def output_consumed(self, channel: int, size: int) -> bytes:
         """The application took ``size`` bytes of the channel's output: a `window` frame
         granting them back once half the window was taken, else b"" (section 7)."""
         record = self.channels.live.get(channel)
-        window = self.hello_sent.window if self.hello_sent is not None else None
-        if record is None or window is None:
+        if record is None or record.output is None:
             return b""
-        record.output_consumed += size
-        if record.output_consumed < max(1, window // 2):
-            return b""
-        grant, record.output_consumed = record.output_consumed, 0
-        return self.control(channel, Window(bytes=grant))
+        grant = record.output.consumed(size)
+        return _control_frame(channel, Window(bytes=grant)) if grant else b""
 
     def cancel(self, channel: int) -> bytes:
         """Frame `cancel`: the channel ends here; what the server sent meanwhile is dropped."""
@@ -259,10 +269,8 @@ class ClientConnection:
             raise RemoteProtocolError(f"{kind.name} on channel {channel} before 'opened'")
         if kind is FrameKind.STDERR and record.pty:
             raise RemoteProtocolError(f"STDERR on channel {channel}, a PTY session")
-        if record.output_credit is not None:
-            record.output_credit -= len(payload)
-            if record.output_credit < 0:
-                raise RemoteProtocolError(f"channel {channel}: output beyond the credit granted")
+        if record.output is not None and not record.output.spend(len(payload)):
+            raise RemoteProtocolError(f"channel {channel}: output beyond the credit granted")
         return OutputReceived(channel, kind, payload) if payload else None
 
     def _control(self, channel: int, payload: bytes) -> ClientEvent | None:
@@ -287,8 +295,8 @@ class ClientConnection:
                 return OpenRefused(channel, message)
             return ErrorReceived(channel, message)
         if isinstance(message, Window):
-            if record.stdin_credit is not None:
-                record.stdin_credit += message.bytes
+            if record.stdin is not None:
+                record.stdin.add(message.bytes)
             return StdinCreditGranted(channel)
         step = _STEPS.get(type(message))
         if step is None or next_state(record.state, step) is None:
@@ -315,7 +323,7 @@ class ClientConnection:
             self.welcome = message  # its max_frame bounds what we send; we receive by our own
             if self.hello_sent is not None and self.hello_sent.window is not None:
                 for opened in self.channels.live.values():  # opened before the window was known
-                    opened.stdin_credit = message.window
+                    opened.stdin = Credit(message.window or 0)
             return WelcomeReceived(message)
         if not isinstance(message, Error):
             raise RemoteProtocolError(f"'{type(message).__name__.lower()}' on channel 0")

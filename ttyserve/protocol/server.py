@@ -15,7 +15,7 @@ import enum
 import msgspec
 
 from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
-from .channels import Channel, ChannelState, ChannelTable, Step
+from .channels import Channel, ChannelState, ChannelTable, Credit, Step
 from .frames import (
     CLIENT_KINDS,
     DEFAULT_MAX_FRAME,
@@ -126,13 +126,16 @@ class ServerConnection:
     """One connection as the server sees it."""
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME,
-                 stdin_window: int = DEFAULT_STDIN_WINDOW) -> None:
+                 stdin_window: int = DEFAULT_STDIN_WINDOW, output_frame: int | None = None,
+                 ) -> None:
         self.max_frame = max_frame
+        # The largest output frame this server makes: ``output_frame`` (what one read of a
+        # process's output takes), within what the client accepts.
+        self.output_frame = min(output_frame or max_frame, max_frame)
         self.stage = Stage.AWAITING_HELLO
         self.hello: Hello | None = None
         self.channels = ChannelTable()
         self._stdin_window = stdin_window
-        self._grant_at = max(1, stdin_window // 2)
         self._decoder = FrameDecoder(max_frame)
         self._frames: collections.deque[Frame] = collections.deque()
         self._out: list[Buffer] = []
@@ -182,7 +185,17 @@ class ServerConnection:
         record = self.channels.live.get(channel)
         if record is None:
             return 0
-        return record.output_credit
+        return None if record.output is None else record.output.available
+
+    def output_limit(self, channel: int) -> int:
+        """The most the next output frame of ``channel`` may carry: its credit, within one
+        frame (`output_frame`); 0 without credit, before `opened` or once it has ended."""
+        record = self.channels.live.get(channel)
+        if record is None or record.state is not ChannelState.OPEN or self.closing:
+            return 0
+        if record.output is None:
+            return self.output_frame
+        return min(record.output.available, self.output_frame)
 
     # --- input ------------------------------------------------------------------
 
@@ -258,11 +271,9 @@ class ServerConnection:
             if channel in self.channels.used:
                 return None  # the channel has ended: discarded without a word
             raise RemoteProtocolError(f"data for channel {channel}, which was never opened")
-        if record.stdin_credit is not None:
-            record.stdin_credit -= len(payload)
-            if record.stdin_credit < 0:
-                raise RemoteProtocolError(
-                    f"channel {channel}: STDIN beyond the window the server granted")
+        if record.stdin is not None and not record.stdin.spend(len(payload)):
+            raise RemoteProtocolError(
+                f"channel {channel}: STDIN beyond the window the server granted")
         return StdinReceived(channel, payload) if payload else None
 
     def _control(self, channel: int, payload: bytes) -> ServerEvent | None:
@@ -294,10 +305,10 @@ class ServerConnection:
             self._channel_ended(channel)
             return CancelRequested(channel)
         if isinstance(message, Window):
-            record = self.channels.live[channel]
-            if record.output_credit is None:
+            credit = self.channels.live[channel].output
+            if credit is None:
                 return None  # no windows on this connection: nothing to add to
-            record.output_credit += message.bytes
+            credit.add(message.bytes)
             return CreditGranted(channel)
         if isinstance(message, List):
             self._frame_error(channel, RequestError(ErrorCode.BAD_REQUEST,
@@ -336,9 +347,11 @@ class ServerConnection:
             self._channel_ended(channel)
             return None
         assert self.hello is not None
+        window = self.hello.window
         self.channels.begin(channel, Channel(
             ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
-            output_credit=self.hello.window, stdin_credit=self.stdin_window))
+            output=None if window is None else Credit(window),
+            stdin=None if window is None else Credit(self._stdin_window)))
         self._undecided = channel
         if isinstance(request, Attach):
             return AttachRequested(channel, request)
@@ -438,11 +451,9 @@ class ServerConnection:
         size = len(data)
         if kind is not FrameKind.STDOUT and (kind is not FrameKind.STDERR or record.pty):
             raise LocalProtocolError(f"{kind.name} is not output of this channel")
-        if record.output_credit is not None:
-            if size > record.output_credit:
-                raise LocalProtocolError(f"channel {channel}: {size} bytes of output exceed "
-                                         f"its credit of {record.output_credit}")
-            record.output_credit -= size
+        if record.output is not None and not record.output.spend(size):
+            raise LocalProtocolError(f"channel {channel}: {size} bytes of output exceed "
+                                     f"its credit of {record.output.available}")
         self._out.append(HEADER.pack(kind, channel, size))
         self._out.append(data)
         return True
@@ -459,12 +470,9 @@ class ServerConnection:
         """The process took ``size`` bytes of the channel's input: grant them back once
         half the window was taken (so a client always has at least half to send)."""
         record = self.channels.live.get(channel)
-        if record is None or record.stdin_credit is None or self.stage is Stage.CLOSING:
+        if record is None or record.stdin is None or self.stage is Stage.CLOSING:
             return
-        record.stdin_consumed += size
-        if record.stdin_consumed >= self._grant_at:
-            grant, record.stdin_consumed = record.stdin_consumed, 0
-            record.stdin_credit += grant
+        if grant := record.stdin.consumed(size):
             self._frame_control(channel, Window(bytes=grant))
 
     def _decided(self, channel: int) -> None:
