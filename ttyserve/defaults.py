@@ -14,3 +14,13 @@ DEFAULT_DETACHED_TIMEOUT = 24 * 3600.0  # seconds a detached session waits for a
 DEFAULT_REMOTE_COMMAND = "ttyserve"  # what a carrier runs on the far side, with serve --stdio
 DEFAULT_PARALLEL = 32  # targets a fan-out runs on at once
 CLIENT_NAME = f"ttyserve-python/{__version__}"  # what our clients call themselves in `hello`
+
+# What each read takes, and the bounds of what waits in memory, by what it serves.
+OUTPUT_CHUNK = 128 * 1024  # one read of a process's output, and the largest output frame:
+# a flood holds a keystroke of another session up by one chunk at most (performance.md)
+SERVER_RECEIVE = 64 * 1024  # one read of a client connection: under glibc's 128 KiB mmap
+# threshold (a larger buffer, cut to the keystroke it got, was mapped and unmapped each time)
+CLIENT_RECEIVE = 1 << 20  # one read of the client library's connection to a server
+STDIN_READ = 64 * 1024  # one read of `exec`'s own stdin
+STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
+CLOSE_TIMEOUT = 2.0  # seconds a server sends its EOF and drains the client's bytes at the end

@@ -163,9 +163,11 @@ class MemoryProcess:
         if self._status is None and signum not in self.io.ignored | _IGNORED_BY_DEFAULT:
             self._kill(signum)
 
-    def hang_up(self) -> None:
+    def hang_up(self) -> bool:
+        running = self._status is None
         self.send_signal(signal.SIGHUP)
         self.send_signal(signal.SIGCONT)
+        return running
 
     async def wait(self) -> Exit:
         await self._ended.wait()

@@ -386,11 +386,15 @@ async def test_a_steal_frees_the_session_from_a_client_that_stopped_reading(
 
 
 async def test_a_single_session_attach_to_an_ended_session_closes_after_its_exit(
-        address: str) -> None:
+        address: str, short_dir: Path) -> None:
+    go = short_dir / "go"  # the process ends once it was detached, not before
     async with connect(address) as conn:
-        session = await conn.spawn(["sh", "-c", "echo done; exit 4"], pty=False,
-                                   detachable=True)
+        session = await conn.spawn(
+            ["sh", "-c", f"echo done; while [ ! -e {go} ]; do sleep 0.01; done; exit 4"],
+            pty=False, detachable=True)
         await session.detach()
+    await until_listed(address, lambda s: bool(s) and not s[0].attached)
+    go.touch()
     await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
     async with raw_peer(address) as peer:
         await peer.send(HELLO + ctrl(1, Attach(session=session.id or "")))

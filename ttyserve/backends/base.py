@@ -20,6 +20,7 @@ from typing import Protocol
 import anyio
 
 from ..protocol.messages import DEFAULT_COLS, DEFAULT_ROWS, DEFAULT_TERM, Exit
+from ..transport.readiness import Watch
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,9 @@ class OutputSource(Protocol):
         """
         ...
 
-    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
-        """Have the event loop run ``callback`` whenever output may be read, until it
-        returns False (readiness.py); False at once where it cannot: wait with
+    def watch(self, callback: Callable[[], None]) -> Watch | None:
+        """Have the event loop run ``callback`` whenever output (or end-of-file) may be read,
+        from now until the watch is stopped (readiness.py); None where it cannot: wait with
         `wait_readable` then."""
         ...
 
@@ -123,9 +124,10 @@ class ProcessHandle(Protocol):
         """
         ...
 
-    def hang_up(self) -> None:
+    def hang_up(self) -> bool:
         """SIGHUP (then SIGCONT) to the session's process group: a graceful shutdown's
-        request. Raises nothing."""
+        request. False when the process had already exited by itself (what is left of its
+        group is hung up all the same). Raises nothing."""
         ...
 
     async def wait(self) -> Exit:
@@ -222,8 +224,8 @@ class StreamSource:
         self._pending = data[limit:]
         return data[:limit]
 
-    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
-        return False  # a stream has no descriptor to watch
+    def watch(self, callback: Callable[[], None]) -> Watch | None:
+        return None  # a stream has no descriptor to watch
 
 
 class StreamInput:

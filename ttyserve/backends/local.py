@@ -22,7 +22,7 @@ import anyio
 
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
-from ..transport.readiness import serve_readable
+from ..transport.readiness import Watch, watch_readable
 from .base import ProcessSpec
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
@@ -100,8 +100,8 @@ class FdSource:
         """Raises OSError on a read error other than a PTY's EIO (its end-of-file)."""
         return self._read(limit) or b""
 
-    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
-        return not self.eof and await serve_readable(self.fd, callback)
+    def watch(self, callback: Callable[[], None]) -> Watch | None:
+        return watch_readable(self.fd, callback)
 
 
 class LocalProcess:
@@ -171,10 +171,21 @@ class LocalProcess:
     def send_signal(self, signum: int) -> None:
         signal_group(self.pid, signum)
 
-    def hang_up(self) -> None:
-        """What a terminal hang-up does: SIGHUP, then SIGCONT so stopped jobs see it."""
+    def hang_up(self) -> bool:
+        """What a terminal hang-up does: SIGHUP, then SIGCONT so stopped jobs see it.
+        Whether the leader was still running (asked of the kernel without reaping it)."""
+        running = self._status is None and self._running()
         signal_group(self.pid, signal.SIGHUP)
         signal_group(self.pid, signal.SIGCONT)
+        return running
+
+    def _running(self) -> bool:
+        """Whether the child has not exited yet (a zombie has); it is not reaped here."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return info is None
 
     def resize(self, rows: int, cols: int) -> None:
         return None

@@ -1,172 +1,140 @@
-"""A session attached to one channel of a connection: where the session's output goes.
+"""A session attached to one channel of a connection: the sink its output goes to.
 
-The session writes through its attachment; the attachment asks the protocol
-core to frame (which spends the channel's credit and refuses anything after
-the channel's end) and has the connection send what was framed. An attachment
-made by `attach` first replays the session's scrollback, and goes live only
-then: the session's pumps wait meanwhile, so the replay and the live output
-meet with no gap and no duplicate.
+An attachment made by `attach` replays the session's scrollback first and goes
+live only then. `live` is the gate: until it opens, the attachment takes no
+live output (`limit` is 0, so the session's pumps read nothing from the
+process) and no exit; the snapshot was taken in the same step that framed
+`attached` and made this the session's sink, so the replay and the live output
+meet with no gap and no duplicate. Nothing here waits: the replay goes as far
+as the channel's credit and the connection's send queue allow, and goes on
+when the connection says either grew (`resume`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import anyio
-
-from ..protocol.channels import ChannelState
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit
-from ..protocol.server import ServerConnection
-from .session import READ_SIZE, ServerSession
+from ..protocol.messages import Attached, Exit
+
+if TYPE_CHECKING:
+    from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
+Chunks = list[tuple[FrameKind, bytes]]
 
 
-class AttachmentHost(Protocol):
-    """What an attachment needs from its connection."""
+class ChannelHost(Protocol):
+    """What an attachment needs from its connection: the channel's frames, through the one
+    object that drives the connection's protocol core."""
 
-    core: ServerConnection
-
-    def flush_nowait(self) -> None:
-        """Hand what the core framed to the writer without waiting."""
+    def output_limit(self, channel: int) -> int:
+        """Output the channel may send now: its credit, one frame at most; 0 while the
+        connection's send queue is full or the channel has ended."""
         ...
 
-    async def flush(self) -> None:
-        """Hand it over, then wait while the connection's send queue is full."""
+    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> bool:
+        """Frame output and hand it to the writer; whether the send queue has room left."""
         ...
 
-    @property
-    def has_room(self) -> bool:
-        """Whether the connection's send queue has room (`flush` would not wait)."""
+    def frame_attached(self, channel: int, answer: Attached) -> None:
+        """Answer the channel's `attach`."""
         ...
 
-    def detach(self, attachment: Attachment) -> None:
-        """The attachment no longer carries its session: forget it."""
+    def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
+        """The channel's last frame: `exit` with ``last``, or `detached` (with ``last`` as
+        its reason); the connection forgets the attachment. False when it had ended."""
+        ...
+
+    def stdin_consumed(self, channel: int, size: int) -> None:
+        """The process took ``size`` bytes of the channel's input (credit may be granted)."""
         ...
 
 
 class Attachment:
-    """The `OutputSink` of ``session`` on ``channel`` of a connection."""
+    """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
 
-    def __init__(self, host: AttachmentHost, channel: int, session: ServerSession,
-                 replay: list[tuple[FrameKind, bytes]] | None = None) -> None:
+    __slots__ = ("_replay", "channel", "host", "live", "released", "session")
+
+    def __init__(self, host: ChannelHost, channel: int, session: ServerSession) -> None:
         self.host = host
-        self.core = host.core
         self.channel = channel
         self.session = session
-        self._frame_limit = min(READ_SIZE, self.core.max_frame)
-        self._replay = replay
-        self.live = replay is None  # output goes out as it comes (after any replay)
-        self.released = False
-        self._wake: anyio.Event | None = None  # made only when someone has to wait
-        self._waiting_rooms: list[anyio.CancelScope] = []  # pumps waiting for room to send
+        self.live = True  # the gate: output and the exit go out once the replay has
+        self.released = False  # the channel ended, or the session let go of it
+        self._replay: Chunks = []
 
-    # --- the session's sink ----------------------------------------------------
+    @classmethod
+    def attach(cls, host: ChannelHost, channel: int, session: ServerSession) -> Attachment:
+        """Take over a detachable session: in one step, with no await, snapshot its ring,
+        frame `attached` and become its sink; the replay starts at once."""
+        ring = session.ring
+        assert ring is not None, "only a detachable session can be attached"
+        attachment = cls(host, channel, session)
+        attachment._replay = ring.snapshot()
+        attachment.live = False
+        host.frame_attached(channel, Attached(session=session.id, pid=session.pid,
+                                              pty=session.spec.pty, dropped=ring.dropped))
+        session.attach(attachment)
+        attachment.resume()
+        return attachment
+
+    # --- the session's sink ---------------------------------------------------------
 
     def limit(self) -> int:
-        if not self.live:
-            return 0  # the scrollback goes first
-        credit = self.core.output_credit(self.channel)
-        return self._frame_limit if credit is None else min(credit, self._frame_limit)
+        """Live output the channel takes now (0 during the replay)."""
+        if not self.live or self.released:
+            return 0
+        return self.host.output_limit(self.channel)
 
-    async def wait_credit(self) -> None:
-        while not self.released and not self.limit():
-            await self._wait()
+    def send_output(self, kind: FrameKind, data: bytes) -> bool:
+        self.host.send_output(self.channel, kind, data)
+        return bool(self.host.output_limit(self.channel))
 
-    def send_output(self, kind: FrameKind, data: bytes) -> None:
-        if self.core.send_output(self.channel, kind, data):
-            self.host.flush_nowait()
-
-    @property
-    def has_room(self) -> bool:
-        return self.host.has_room
-
-    async def wait_room(self) -> None:
-        if self.released:
-            return
-        with anyio.CancelScope() as scope:  # a slow client: wait, unless the session leaves us
-            self._waiting_rooms.append(scope)
-            try:
-                await self.host.flush()
-            finally:
-                self._waiting_rooms.remove(scope)
-
-    async def send_exit(self, status: Exit) -> bool:
-        while not self.live and not self.released:
-            await self._wait()
+    def send_exit(self, status: Exit) -> bool:
+        """Frame the channel's last frame (the session calls this only once it is live)."""
         if self.released:
             return False
-        if self.core.send_exit(self.channel, status):
-            self.host.flush_nowait()
-            return True
-        while not self.released:  # the connection is going: it detaches or cancels us
-            await self._wait()
-        return False
+        self.released = True
+        return self.host.end_channel(self, status)
 
     def stdin_consumed(self, size: int) -> None:
-        self.core.stdin_consumed(self.channel, size)
-        if self.core.pending:
-            self.host.flush_nowait()
+        if not self.released:
+            self.host.stdin_consumed(self.channel, size)
 
     def release(self, reason: str | None = None) -> None:
         """The session goes on without this channel: its last frame is `detached`."""
+        if not self.released:
+            self.released = True
+            self.host.end_channel(self, reason)
+
+    def lost(self) -> None:
+        """The session is over without its exit (a server fault): the channel still ends."""
+        if not self.released:
+            self.released = True
+            self.host.end_channel(self, LOST)
+
+    # --- the connection's side ------------------------------------------------------
+
+    def resume(self) -> None:
+        """The channel got credit or the send queue room: the replay goes on, or the
+        session's pumps do."""
         if self.released:
             return
-        if self.core.send_detached(self.channel, reason):
-            self.host.flush_nowait()
-        self._let_go()
-
-    def ended(self) -> None:
-        # A session that ended without its exit (a server fault) still ends its channel.
-        if not self.released and self.core.channels.state(self.channel) is ChannelState.OPEN:
-            self.core.send_exit(self.channel, LOST)
-            self.host.flush_nowait()
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """Nothing more goes out here: forget us, and wake (or cut short) what waits on us."""
-        self.released = True
-        for scope in self._waiting_rooms:
-            scope.cancel()  # a pump must not stay behind a client that left
-        self.host.detach(self)
-        self._notify()
-
-    # --- the connection's side ---------------------------------------------------
-
-    def credit_granted(self) -> None:
-        self._notify()
-
-    async def replay(self) -> None:
-        """Send the scrollback as it was at attach, within the channel's credit; then go
-        live (and deliver the exit of a session that ended while detached)."""
-        for kind, data in self._replay or ():
-            view = memoryview(data)
-            while view:
-                credit = self.core.output_credit(self.channel)
-                if credit == 0:
-                    if self.released:
-                        return
-                    await self._wait()
-                    continue
-                size = min(len(view), self._frame_limit, credit or self._frame_limit)
-                if not self.core.send_output(self.channel, kind, view[:size]):
-                    return  # the channel ended meanwhile
-                await self.host.flush()
-                view = view[size:]
-        self._replay = None
+        if self.live:
+            self.session.sink_ready()
+            return
+        host, channel, replay = self.host, self.channel, self._replay
+        while replay:
+            limit = host.output_limit(channel)
+            if not limit:
+                return
+            kind, data = replay[0]
+            if len(data) > limit:
+                replay[0] = (kind, data[limit:])
+                data = data[:limit]
+            else:
+                replay.pop(0)
+            host.send_output(channel, kind, data)
         self.live = True
-        self._notify()
-        status = self.session.pending_exit
-        if status is not None and await self.send_exit(status):
-            self.session.exit_delivered()
-            self._let_go()
-
-    def _notify(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-            self._wake = None
-
-    async def _wait(self) -> None:
-        wake = self._wake = self._wake or anyio.Event()
-        await wake.wait()
+        self.session.sink_ready()

@@ -2,7 +2,11 @@
 
 The protocol core decides every rule; the gate decides who may go on; the
 registry admits and runs sessions. What is left here is the reader loop, the
-handshake deadline, the channel-to-session table and the close.
+handshake deadline, the channel-to-session table and the close. The handler is
+the one object that drives the connection's core: it frames what sessions send
+through their attachments, and it ends channels itself (cancel, detach, the
+connection's end), so a keystroke, a grant of credit and a detach each go one
+way through the layers.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
+from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE
 from ..errors import ErrorCode, RemoteProtocolError, RequestError
-from ..protocol.messages import Attached, Eof, Sessions
+from ..protocol.frames import FrameKind
+from ..protocol.messages import Attached, Eof, Exit, Sessions
 from ..protocol.server import (
     AttachRequested,
     CancelRequested,
@@ -36,14 +42,10 @@ from .attachment import Attachment
 from .auth import Gate, Peer
 from .journal import SessionAttach, SessionDetach
 from .registry import SessionRegistry, shutting_down
+from .session import ServerSession
 
 log = logging.getLogger("ttyserve")
 
-# Under glibc's 128 KiB mmap threshold: a larger buffer, cut to the keystroke it got, was
-# mapped, remapped and unmapped each time (3 system calls, a third of the server's CPU per
-# keystroke). The client's messages are small: keystrokes and controls.
-READ_SIZE = 64 * 1024
-CLOSE_TIMEOUT = 2.0  # seconds to send our EOF and drain the client's bytes at the end
 SERVER_NAME = f"ttyserve/{__version__}"
 Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
@@ -53,6 +55,7 @@ class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
+                 tasks: anyio.abc.TaskGroup,
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
         settings = registry.settings
         self.transport = transport
@@ -62,15 +65,17 @@ class ConnectionHandler:
         self.peer = peer
         self.registry = registry
         self.gate = gate
-        self.core = ServerConnection(settings.max_frame, settings.stdin_window)
+        self.core = ServerConnection(settings.max_frame, settings.stdin_window,
+                                     output_frame=OUTPUT_CHUNK)
         self.attachments: dict[int, Attachment] = {}
         self._handshake_timeout = settings.handshake_timeout
         self._on_closed = on_closed
-        self._read_scope = anyio.CancelScope()
-        self.outbox = Outbox(transport, on_broken=self._read_scope.cancel)
+        self._read_scope: anyio.CancelScope | None = None
+        # The writer task, when one is needed, runs beside the connection's own.
+        self.outbox = Outbox(transport, on_broken=self._stop_reading, on_room=self._room)
+        self.outbox.attach(tasks)
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
-        self._tasks: anyio.abc.TaskGroup | None = None  # replays of attached sessions run here
         self._later: Later | None = None  # what the readiness callback left the reader task
 
     # --- lifecycle ---------------------------------------------------------
@@ -78,32 +83,29 @@ class ConnectionHandler:
     async def run(self) -> None:
         """Serve until the client leaves, breaks the protocol, or its one session ends."""
         try:
-            async with anyio.create_task_group() as tg:
-                self.outbox.attach(tg)
-                self._tasks = tg
+            with anyio.CancelScope() as self._read_scope:
                 self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
-                try:
-                    with self._read_scope:
-                        await self._read_loop()
-                    if not self.core.handshake_done and not self.core.closing and (
-                            anyio.current_time() >= self._read_scope.deadline):
-                        log.info("%s: no hello and open in time: dropped", self.peer)
-                        self.core.close(RemoteProtocolError(
-                            f"no {'open' if self.core.hello else 'hello'} within "
-                            f"{self._handshake_timeout:g} s"))
-                finally:
-                    self.core.close()  # nothing more is framed: what is framed still goes out
-                    for attachment in list(self.attachments.values()):
-                        self._leave(attachment)  # as `cancel` does, or `detach` (section 9)
-                self.flush_nowait()
-                self.outbox.close()
-                # The session's last frames go out however slowly the client reads;
-                # a client that never reads holds only its own connection.
-                await self.outbox.done.wait()
-                tg.cancel_scope.cancel()
+                await self._read_loop()
+            if self._read_scope.cancelled_caught and not self.core.handshake_done and (
+                    not self.core.closing):
+                log.info("%s: no hello and open in time: dropped", self.peer)
+                self.core.close(RemoteProtocolError(
+                    f"no {'open' if self.core.hello else 'hello'} within "
+                    f"{self._handshake_timeout:g} s"))
+            self.core.close()  # nothing more is framed: what is framed still goes out
+            for attachment in list(self.attachments.values()):
+                self._leave(attachment)  # as `cancel` does, or `detach` (section 9)
+            self.flush()
+            self.outbox.close()
+            # The session's last frames go out however slowly the client reads;
+            # a client that never reads holds only its own connection.
+            await self.outbox.wait_done()
             if not self.outbox.broken:
                 await self._close_gracefully()
         finally:
+            for attachment in list(self.attachments.values()):
+                self._leave(attachment)  # cancelled (a forced shutdown): as the client left
+            self.outbox.close()
             with anyio.CancelScope(shield=True):
                 await self.transport.aclose()
             if self._on_closed is not None:
@@ -113,11 +115,12 @@ class ConnectionHandler:
         """Graceful shutdown (the registry hung the sessions up): close once none is left."""
         self._draining = True
         if not self.attachments:
-            self._close(shutting_down() if self.core.hello is not None else None)
+            self.core.close(shutting_down() if self.core.hello is not None else None)
+            self._stop_reading()
 
-    def _close(self, error: RequestError | None = None) -> None:
-        self.core.close(error)
-        self._read_scope.cancel()
+    def _stop_reading(self) -> None:
+        if self._read_scope is not None:
+            self._read_scope.cancel()
 
     async def _close_gracefully(self) -> None:
         """Our EOF first, then drain theirs: closing on unread bytes would reset the
@@ -130,32 +133,53 @@ class ConnectionHandler:
                 except NotImplementedError:
                     pass
                 while True:
-                    await self.transport.receive(READ_SIZE)
+                    await self.transport.receive(SERVER_RECEIVE)
             except (*_GONE, RemoteProtocolError):
                 pass
 
-    # --- sending (the Carrier of attachments) ------------------------------
+    # --- the attachments' host: the one place this connection's frames are made ---------
 
-    def flush_nowait(self) -> None:
+    def flush(self) -> None:
+        """Hand what the core framed to the writer, without waiting."""
         if self.core.pending and not self.outbox.broken:
             try:
                 self.outbox.push(self.core.data_to_send())
             except anyio.BrokenResourceError:
-                pass  # the outbox has cancelled the reader: the connection is going
+                pass  # the outbox has stopped the reader: the connection is going
 
-    async def flush(self) -> None:
-        self.flush_nowait()
-        await self.outbox.wait_for_room()
+    def output_limit(self, channel: int) -> int:
+        return self.core.output_limit(channel) if self.outbox.has_room else 0
 
-    @property
-    def has_room(self) -> bool:
+    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> bool:
+        if self.core.send_output(channel, kind, data):
+            self.flush()
         return self.outbox.has_room
 
-    def detach(self, attachment: Attachment) -> None:
-        if self.attachments.get(attachment.channel) is attachment:
-            del self.attachments[attachment.channel]
+    def frame_attached(self, channel: int, answer: Attached) -> None:
+        self.core.attached(channel, answer)
+
+    def stdin_consumed(self, channel: int, size: int) -> None:
+        self.core.stdin_consumed(channel, size)
+        self.flush()
+
+    def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
+        """A channel's last frame, `exit` or `detached`; the connection forgets it."""
+        channel = attachment.channel
+        if self.attachments.get(channel) is attachment:
+            del self.attachments[channel]
+        if isinstance(last, Exit):
+            framed = self.core.send_exit(channel, last)
+        else:
+            framed = self.core.send_detached(channel, last)
+        self.flush()
         if self.core.closing or (self._draining and not self.attachments):
-            self._read_scope.cancel()
+            self._stop_reading()  # the reader closes the connection
+        return framed
+
+    def _room(self) -> None:
+        """The send queue has room again: replays and pumps that waited for it go on."""
+        for attachment in list(self.attachments.values()):
+            attachment.resume()
 
     # --- reader ------------------------------------------------------------
 
@@ -181,9 +205,10 @@ class ConnectionHandler:
                         await later()
             except RemoteProtocolError as exc:
                 log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-            if core.handshake_done:
+            if core.handshake_done and self._read_scope is not None:
                 self._read_scope.deadline = float("inf")
-            await self.flush()
+            self.flush()
+            await self.outbox.wait_for_room()
 
     async def _receive(self) -> bytes | None:
         """The client's next bytes; None when the readiness callback read them and left this
@@ -192,7 +217,7 @@ class ConnectionHandler:
         if socket is not None and self.core.handshake_done and await socket.serve_readable(
                 self._readable):
             return None
-        return await self.transport.receive(READ_SIZE)
+        return await self.transport.receive(SERVER_RECEIVE)
 
     def _readable(self) -> bool:
         """The keystroke path, run by the event loop when the socket is readable: read, act
@@ -202,7 +227,7 @@ class ConnectionHandler:
         assert socket is not None
         if core.closing:
             return False
-        data = socket.receive_nowait(READ_SIZE)
+        data = socket.receive_nowait(SERVER_RECEIVE)
         if data is None:
             return True
         core.receive_data(data)
@@ -215,7 +240,7 @@ class ConnectionHandler:
             log.info("%s: %s: %s", self.peer, exc.code, exc.message)
         except Exception as exc:  # a fault: raised in the task, as if it had acted
             self._later = functools.partial(_raise, exc)
-        self.flush_nowait()
+        self.flush()
         return self._later is None and not core.closing and self.outbox.has_room
 
     def _act(self, event: ServerEvent) -> Later | None:
@@ -224,39 +249,31 @@ class ConnectionHandler:
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
                 session = attachment.session
-                session.feed_stdin(event.data)
-                if session.stdin_full and not self.core.windowed:
-                    return session.wait_stdin_room
+                self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
+                if session.stdin.full and not self.core.windowed:
+                    return session.stdin.wait_room
         elif isinstance(event, CreditGranted):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
-                attachment.credit_granted()
+                attachment.resume()
         elif isinstance(event, ControlReceived):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
                 if isinstance(event.message, Eof):
-                    attachment.session.feed_eof()
+                    attachment.session.stdin.feed_eof()
                 else:
                     attachment.session.control(event.message)
         elif isinstance(event, OpenRequested):
             return functools.partial(self._open, event)
         elif isinstance(event, AttachRequested):
-            return functools.partial(self._attach, event)
-        elif isinstance(event, CancelRequested):
+            self._attach(event)
+        elif isinstance(event, CancelRequested):  # the core has ended the channel
             attachment = self.attachments.pop(event.channel, None)
             if attachment is not None:
+                attachment.released = True
                 attachment.session.cancel()
         elif isinstance(event, DetachRequested):
-            attachment = self.attachments.get(event.channel)
-            if attachment is not None and attachment.session.detachable:
-                attachment.session.detach()
-                # Not left to this task: a client that hangs up right after `detach` breaks
-                # the send of `detached`, and that ends the reader before it could note it.
-                self.registry.note_soon(attachment.session, SessionDetach, str(self.peer))
-            elif attachment is not None:
-                self.core.refuse(event.channel, RequestError(
-                    ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
-                    "with detachable: true); cancel it instead"))
+            self._detach(event.channel)
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
@@ -265,7 +282,7 @@ class ConnectionHandler:
 
     async def _hello(self, event: HelloReceived) -> None:
         delay = self.gate.delay(self.peer)
-        if delay:
+        if delay and self._read_scope is not None:
             deadline = self._read_scope.deadline
             self._read_scope.deadline = float("inf")  # the deadline must not cut the brake short
             await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
@@ -283,6 +300,8 @@ class ConnectionHandler:
     async def _open(self, event: OpenRequested) -> None:
         channel = event.channel
         try:
+            if self._draining:
+                raise shutting_down()
             session = await self.registry.open(event.request, self.principal, str(self.peer),
                                                len(self.attachments))
         except RequestError as exc:
@@ -295,45 +314,52 @@ class ConnectionHandler:
         if not self.core.opened(channel, session.pid, session.spec.argv,
                                 session.id if session.detachable else None):
             self.attachments.pop(channel, None)  # the connection closed meanwhile
+            attachment.released = True
             session.cancel()
 
-    async def _attach(self, event: AttachRequested) -> None:
+    def _attach(self, event: AttachRequested) -> None:
         """Take over a detachable session: `attached`, its scrollback, then live output."""
         request, channel = event.request, event.channel
         try:
-            if self.registry.closing or self._draining:
+            if self._draining:
                 raise shutting_down()
-            session = self.registry.find(request.session, self.principal)
-            if session.sink is not None and not request.steal:
-                raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached "
-                                   "elsewhere (attach with steal to take it over)")
-            self.registry.check_room(len(self.attachments))
+            session = self.registry.attach(request, self.principal, len(self.attachments))
         except RequestError as exc:
             self.core.refuse(channel, exc)
             return
         if session.pending_exit is None and (request.rows or request.cols):
             rows, cols = session.size
             session.resize(request.rows or rows, request.cols or cols)
-        assert session.ring is not None
-        replay = session.ring.snapshot()  # and the pumps wait until it went out: no gap
-        self.core.attached(channel, Attached(session=session.id, pid=session.pid,
-                                             pty=session.spec.pty, dropped=session.ring.dropped))
-        attachment = Attachment(self, channel, session, replay)
-        self.attachments[channel] = attachment
-        session.attach(attachment)
-        assert self._tasks is not None
-        self._tasks.start_soon(attachment.replay)
-        await self.registry.note(session, SessionAttach, str(self.peer))
+        self.attachments[channel] = Attachment.attach(self, channel, session)
+        self.registry.note_soon(session, SessionAttach, str(self.peer))
+
+    def _detach(self, channel: int) -> None:
+        attachment = self.attachments.get(channel)
+        if attachment is None:
+            return
+        if not attachment.session.detachable:
+            self.core.refuse(channel, RequestError(
+                ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
+                "with detachable: true); cancel it instead"))
+            return
+        attachment.release()  # `detached`: the channel's last frame
+        self._let_go(attachment.session)
 
     def _leave(self, attachment: Attachment) -> None:
         """This connection lets go of a session: a detachable one goes on, detached; any other
         is cancelled (the client has gone, as `cancel` does)."""
-        session = attachment.session
-        if session.detachable:
-            session.detach()
-            self.registry.note_soon(session, SessionDetach, str(self.peer))
+        self.attachments.pop(attachment.channel, None)
+        attachment.released = True
+        if attachment.session.detachable:
+            self._let_go(attachment.session)
         else:
-            session.cancel()
+            attachment.session.cancel()
+
+    def _let_go(self, session: ServerSession) -> None:
+        # Noted at once, not left to this task: a client that hangs up right after `detach`
+        # breaks the send of `detached`, and that ends the reader before it could note it.
+        session.detach()
+        self.registry.note_soon(session, SessionDetach, str(self.peer))
 
 
 async def _raise(exc: BaseException) -> None:

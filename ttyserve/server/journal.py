@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import errno
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ import anyio
 import msgspec
 
 from ..backends.groups import group_alive, signal_group
+from ..lines import write_all
 from .lease import acquire
 
 log = logging.getLogger("ttyserve")
@@ -143,18 +145,69 @@ def pair_sessions(records: list[AnyRecord],
             yield record, ends.get(record.id)
 
 
+class _Batch:
+    """Records that go to disk together, with one fsync; who waits for them."""
+
+    __slots__ = ("data", "done", "error")
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.done = anyio.Event()
+        self.error: OSError | None = None
+
+
 class Journal:
-    """An open, locked journal file; records are appended and fsync'd one at a time."""
+    """An open, locked journal file. Records are appended and fsync'd in batches: those
+    appended while a write is under way go together in the next one (group commit)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._lock = anyio.Lock()
+        self._next: _Batch | None = None  # what the next write takes
+        self._writing = False
         try:
             acquire(self.fd, f"journal {path}")
         except BaseException:
             os.close(self.fd)
             raise
+
+    now = staticmethod(now_rfc3339)
+
+    def _write(self, data: bytes) -> None:
+        write_all(self.fd, data)
+        os.fsync(self.fd)
+
+    async def append(self, *records: Record) -> None:
+        """Write ``records`` (in order, on one line each) and fsync them, off the event loop.
+
+        Records appended while a write is under way wait for the next write, which takes
+        them all: sessions opened together share one fsync. Raises OSError when the write
+        failed (for every record of its batch)."""
+        batch = self._next
+        if batch is None:
+            batch = self._next = _Batch()
+        batch.data.extend(_encoder.encode(record) + b"\n" for record in records)
+        if self._writing:  # the writer takes this batch next
+            await batch.done.wait()
+        else:
+            self._writing = True
+            try:
+                while (current := self._next) is not None:
+                    self._next = None
+                    try:
+                        await anyio.to_thread.run_sync(self._write, b"".join(current.data))
+                    except OSError as exc:
+                        current.error = exc
+                    finally:
+                        current.done.set()
+            finally:
+                self._writing = False
+                left, self._next = self._next, None
+                if left is not None:  # the writer was cancelled: nobody writes these now
+                    left.error = OSError(errno.ECANCELED, "the journal write was cancelled")
+                    left.done.set()
+        if batch.error is not None:
+            raise batch.error
 
     def _read_all(self) -> bytes:
         chunks = []
@@ -165,8 +218,7 @@ class Journal:
         return b"".join(chunks)
 
     def _append_now(self, record: Record) -> None:
-        os.write(self.fd, _encoder.encode(record) + b"\n")
-        os.fsync(self.fd)
+        self._write(_encoder.encode(record) + b"\n")
 
     def recover(self, grace: float = 1.0) -> list[SessionEnd]:
         """Close what a crashed server left open; return the `crash-inferred` ends written."""
@@ -191,31 +243,13 @@ class Journal:
         _hang_up_survivors(survivors, grace)
         return ends
 
-    async def append(self, record: Record) -> None:
-        """Write one record and fsync it, off the event loop, in order."""
-        async with self._lock:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._append_now, record)
-
-    async def start(self, session_id: str, peer: str, argv: list[str], pty: bool,
-                    pid: int | None) -> None:
+    def start_record(self, session_id: str, peer: str, argv: list[str], pty: bool,
+                     pid: int | None) -> SessionStart:
+        """A session's `session.start` (with its process's start time, which tells the pid
+        from its reuse after a crash)."""
         start_time = process_start_time(pid) if pid is not None else None
-        await self.append(SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv,
-                                       pty=pty, pid=pid, start_time=start_time))
-
-    async def end(self, session_id: str, reason: Reason, *, code: int | None = None,
-                  signal: str | None = None, error: str | None = None,
-                  errno: int | None = None, bytes_in: int | None = None,
-                  bytes_out: int | None = None) -> None:
-        """Write the one `session.end` of ``session_id``; members left None are omitted."""
-        await self.append(SessionEnd(id=session_id, at=now_rfc3339(), reason=reason, code=code,
-                                     signal=signal, error=error, errno=errno,
-                                     bytes_in=bytes_in, bytes_out=bytes_out))
-
-    async def note(self, kind: type[SessionDetach | SessionAttach], session_id: str,
-                   peer: str) -> None:
-        """Record a detach or an attach of ``session_id`` by ``peer``."""
-        await self.append(kind(id=session_id, at=now_rfc3339(), peer=peer))
+        return SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv, pty=pty,
+                            pid=pid, start_time=start_time)
 
     def close(self) -> None:
         os.close(self.fd)

@@ -70,7 +70,8 @@ class Server:
         self.reap_orphans = reap_orphans
         self.tls = tls
         self._connections = 0
-        self._handlers_changed = anyio.Event()
+        self._handlers_changed: anyio.Event | None = None  # made when the drain waits
+        self._connection_tasks: anyio.abc.TaskGroup | None = None
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -113,6 +114,7 @@ class Server:
         only: tuple[Transport, Peer] | None,
     ) -> bool:
         async with anyio.create_task_group() as connections:
+            self._connection_tasks = connections  # each connection's writer runs here too
             if only is not None:
                 connections.start_soon(self._serve_only, *only)
             async with anyio.create_task_group() as accepting:
@@ -145,6 +147,7 @@ class Server:
 
     async def _wait_drained(self) -> None:
         while self.handlers:
+            self._handlers_changed = anyio.Event()
             await self._handlers_changed.wait()
         await self.registry.wait_empty()
 
@@ -154,8 +157,8 @@ class Server:
 
     def _handler_closed(self, handler: ConnectionHandler) -> None:
         self.handlers.discard(handler)
-        self._handlers_changed.set()
-        self._handlers_changed = anyio.Event()
+        if self._handlers_changed is not None:
+            self._handlers_changed.set()
 
     async def _accept_loop(self, listener: socket.socket, address: Address,
                            connections: anyio.abc.TaskGroup) -> None:
@@ -190,8 +193,9 @@ class Server:
 
     async def _handle(self, transport: Transport, peer: Peer) -> None:
         try:
+            assert self._connection_tasks is not None
             handler = ConnectionHandler(transport, peer, self.registry, self.gate,
-                                        self._handler_closed)
+                                        self._connection_tasks, self._handler_closed)
             self.handlers.add(handler)
             await handler.run()
         except Exception:  # one connection's bug must not take the server down

@@ -1,8 +1,9 @@
-"""Sessions belong to the server: admission, spawn, the journal, ids, the hang-up at shutdown.
+"""Sessions belong to the server: admission, spawn, the journal, ids, attach and steal, the
+hang-up at shutdown, the detached timeout.
 
-A connection asks the registry to open a session and attaches a channel to
-it; the session's task runs in the registry's task group, so a session can
-outlive the connection that opened it (the seam detachable sessions use).
+A connection asks the registry to open a session, or to attach to one, and
+attaches a channel to it; the session's task runs in the registry's task
+group, so a session can outlive the connection that opened it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -21,8 +23,8 @@ import msgspec
 
 from ..backends.base import Backend, ProcessSpec
 from ..errors import ErrorCode, RequestError
-from ..protocol.messages import Exit, Open, SessionInfo
-from .journal import Journal, Reason, SessionAttach, SessionDetach
+from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo
+from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
 from .recording import finish_recording, start_recording
 from .session import ServerSession
 from .settings import ServerSettings
@@ -59,14 +61,14 @@ class SessionRegistry:
         self.settings = settings
         self.backend = backend
         self.journal = journal
-        # Running sessions, and detachable ones that ended while detached (until their exit
-        # reaches the next attach, or --detached-timeout passes).
+        # Running sessions, and detachable ones whose exit waits for a client (until it is
+        # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
         self.closing = False  # a graceful shutdown began: no new sessions
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._emptied: anyio.Event | None = None
-        self._replan: anyio.Event = anyio.Event()  # a detach or attach moved a deadline
+        self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionRegistry]:
@@ -81,6 +83,8 @@ class SessionRegistry:
                 tg.cancel_scope.cancel()
                 self._task_group = None
 
+    # --- admission ----------------------------------------------------------------------
+
     def spec_for(self, request: Open) -> ProcessSpec:
         """What to run for an `open`: its members, the server's defaults where it has none."""
         return ProcessSpec(
@@ -88,15 +92,28 @@ class SessionRegistry:
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
             cwd=request.cwd or self.settings.default_cwd)
 
-    async def open(self, request: Open, owner: str, peer: str, sessions_here: int) -> ServerSession:
-        """Admit and spawn a session; RequestError says why not (shutting_down, busy,
-        bad_request or forbidden from the policy, spawn_failed)."""
-        settings = self.settings
+    def admit(self, sessions_here: int) -> None:
+        """RequestError when no session may start now: shutting_down, or busy (the server's
+        or this connection's limit)."""
         if self.closing:
             raise shutting_down()
-        if len(self.sessions) >= settings.max_sessions:
-            raise busy(f"the server runs its maximum of {settings.max_sessions} sessions")
+        if len(self.sessions) >= self.settings.max_sessions:
+            raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
         self.check_room(sessions_here)
+
+    def check_room(self, sessions_here: int) -> None:
+        """RequestError(busy) when a connection carries its maximum of sessions."""
+        limit = self.settings.max_sessions_per_connection
+        if sessions_here >= limit:
+            raise busy(f"this connection runs its maximum of {limit} sessions")
+
+    async def open(self, request: Open, owner: str, peer: str,
+                   sessions_here: int) -> ServerSession:
+        """Admit and spawn a session, its start record on disk before it is returned (so
+        before `opened` is sent); RequestError says why not (shutting_down, busy,
+        bad_request or forbidden from the policy, spawn_failed)."""
+        settings = self.settings
+        self.admit(sessions_here)
         if request.detachable and not settings.keeps_detached:
             raise RequestError(ErrorCode.BAD_REQUEST, "this server cannot keep a detachable "
                                "session: it ends with its one connection (serve --stdio)")
@@ -112,31 +129,46 @@ class SessionRegistry:
         except OSError as exc:
             log.info("%s: spawn failed: %s", peer, exc)
             failure = exc.errno
-
-            async def records(journal: Journal) -> None:
-                await journal.start(session_id, peer, spec.argv, spec.pty, None)
-                await journal.end(session_id, Reason.SPAWN_FAILED, errno=failure)
-
-            await self._record(records)
+            await self._record(lambda journal: journal.append(
+                journal.start_record(session_id, peer, spec.argv, spec.pty, None),
+                SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
+                           errno=failure)))
             raise RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
                                errno=exc.errno or errno.EIO) from exc
-        session = ServerSession(session_id, process, spec, peer, settings.linger, owner,
-                          settings.scrollback if request.detachable else None)
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        session = ServerSession(session_id, process, spec, peer, self._start_task,
+                                linger=settings.linger, owner=owner,
+                                scrollback=settings.scrollback if request.detachable else None)
         session.on_delivered = lambda: self._forget(session)
-        if settings.record_dir is not None and self._task_group is not None:
+        # Shielded: a cancel now must not leave a process without its record, nor its owner.
+        session.recorded = await self._record(lambda journal: journal.append(
+            journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+        if settings.record_dir is not None:
             start_recording(session, settings.record_dir, settings.record_input,
                             self._task_group)
         self.sessions[session_id] = session
         return session
 
-    def find(self, session_id: str, owner: str) -> ServerSession:
-        """The detachable session ``session_id`` of ``owner``; RequestError(no_such_session)
-        when it is unknown, expired, not detachable, or another principal's (alike, so
-        its existence is not revealed)."""
-        session = self.sessions.get(session_id)
+    def attach(self, request: Attach, owner: str, sessions_here: int) -> ServerSession:
+        """Admit an attach to ``owner``'s detachable session: RequestError shutting_down,
+        no_such_session (unknown, expired, not detachable, or another principal's, alike so
+        its existence is not revealed), session_in_use (attached elsewhere, unless
+        ``request.steal``: the other channel then ends with `detached` "stolen"), or busy."""
+        if self.closing:
+            raise shutting_down()
+        session = self.sessions.get(request.session)
         if session is None or not session.detachable or session.owner != owner:
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such session: unknown, expired, or not yours")
+        if session.sink is not None and not request.steal:
+            raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached elsewhere "
+                               "(attach with steal to take it over)")
+        self.check_room(sessions_here)
+        previous = session.sink
+        if previous is not None:
+            session.sink = None
+            previous.release(STOLEN)
+        self.deadline_moved()
         return session
 
     def listing(self, owner: str) -> list[SessionInfo]:
@@ -146,62 +178,32 @@ class SessionRegistry:
                             exit=_members(s.pending_exit) if s.pending_exit else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
-    def deadline_moved(self) -> None:
-        """A session was detached or attached: the sweeper plans again."""
-        self._replan.set()
-
-    def _forget(self, session: ServerSession) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
-
-    async def _sweep(self) -> None:
-        """Hang up detached sessions nobody attached for --detached-timeout (journal:
-        abandoned), and drop ended ones whose exit nobody came for; on time to the second."""
-        timeout = self.settings.detached_timeout
-        while True:
-            self._replan = anyio.Event()
-            now = time.monotonic()
-            deadlines = []
-            for session in list(self.sessions.values()):
-                if session.detached_at is None or session.sink is not None:
-                    continue
-                deadline = session.detached_at + timeout
-                if deadline > now:
-                    deadlines.append(deadline)
-                elif session.pending_exit is not None:
-                    log.info("session %s: its exit was not collected in time: dropped",
-                             session.id)
-                    self._forget(session)
-                elif session.ending is None:
-                    log.info("session %s: detached for %g s: hung up", session.id, timeout)
-                    session.cancel(Reason.ABANDONED)
-            with anyio.move_on_after(min(deadlines) - now if deadlines else math.inf):
-                await self._replan.wait()
+    # --- running -----------------------------------------------------------------------
 
     def start(self, session: ServerSession) -> None:
         """Run an opened (and attached) session in the registry's task group."""
         assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        self._running += 1
         self._task_group.start_soon(self._run, session)
 
+    def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        self._task_group.start_soon(work)
+
     async def _run(self, session: ServerSession) -> None:
-        spec = session.spec
-        self._running += 1
-        recorded = await self._record(lambda journal: journal.start(
-            session.id, session.peer, spec.argv, spec.pty, session.pid))
         status: Exit | None = None
         try:
-            with session.scope:
-                status = await session.run()
+            status = await session.run()
         except Exception:  # one session's bug must not take the server down
             log.exception("session %s failed", session.id)
         finally:
-            await session.process.aclose()  # run() closes it; this covers a run never begun
-            session.close_input()
-            if session.sink is not None and session.pending_exit is None:
-                session.sink.ended()  # (a pending exit goes to the attach that takes it)
+            session.stdin.close()
+            if status is None and session.sink is not None:
+                session.sink.lost()  # a fault: the channel ends with exit -1 all the same
             await finish_recording(session)  # its exit, then the file closed: never raises
-            if recorded:
-                await self._record(lambda journal: self._journal_end(journal, session, status))
+            if session.recorded:
+                await self._record(lambda journal: journal.append(
+                    self._end_record(journal, session, status)))
             if session.pending_exit is None:  # else kept for the next attach, in bounded memory
                 self._forget(session)
             else:
@@ -209,6 +211,17 @@ class SessionRegistry:
             self._running -= 1  # after the end record: "none running" means all written
             if not self._running and self._emptied is not None:
                 self._emptied.set()
+
+    @staticmethod
+    def _end_record(journal: Journal, session: ServerSession, status: Exit | None,
+                    ) -> SessionEnd:
+        reason = session.ending or (Reason.EXIT if status is not None else Reason.CANCELLED)
+        final = session.process.status
+        return SessionEnd(
+            id=session.id, at=journal.now(), reason=reason,
+            code=final.code if final else None, signal=final.signal if final else None,
+            error=final.error if final else None,
+            bytes_in=session.bytes_in, bytes_out=session.bytes_out)
 
     async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
         """Write journal records, shielded (a start always gets its end); False when there is
@@ -223,34 +236,59 @@ class SessionRegistry:
                 return False
         return True
 
-    @staticmethod
-    async def _journal_end(journal: Journal, session: ServerSession, status: Exit | None) -> None:
-        reason = session.ending or (Reason.EXIT if status is not None else Reason.CANCELLED)
-        final = session.process.status
-        await journal.end(
-            session.id, reason,
-            code=final.code if final else None, signal=final.signal if final else None,
-            error=final.error if final else None,
-            bytes_in=session.bytes_in, bytes_out=session.bytes_out)
-
-    def check_room(self, sessions_here: int) -> None:
-        """RequestError(busy) when a connection carries its maximum of sessions."""
-        limit = self.settings.max_sessions_per_connection
-        if sessions_here >= limit:
-            raise busy(f"this connection runs its maximum of {limit} sessions")
-
     async def note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
                    peer: str) -> None:
         """A detach or an attach: the sweeper plans again, and the journal records it."""
         self.deadline_moved()
-        await self._record(lambda journal: journal.note(kind, session.id, peer))
+        await self._record(lambda journal: journal.append(
+            kind(id=session.id, at=journal.now(), peer=peer)))
 
     def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
                   peer: str) -> None:
-        """`note`, from where nothing can wait (a connection that is ending)."""
+        """`note`, from where nothing can wait (a callback, a connection that is ending)."""
         self.deadline_moved()
         if self.journal is not None and self._task_group is not None:
             self._task_group.start_soon(self.note, session, kind, peer)
+
+    # --- the sweeper, and the end ----------------------------------------------------
+
+    def deadline_moved(self) -> None:
+        """A session was detached or attached: the sweeper plans again."""
+        if self._replan is not None:
+            self._replan.set()
+
+    def _forget(self, session: ServerSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    def sweep(self, now: float) -> float | None:
+        """Hang up detached sessions nobody attached for --detached-timeout (journal:
+        abandoned), and drop ended ones whose exit nobody came for; the nearest deadline
+        still ahead, if any."""
+        timeout = self.settings.detached_timeout
+        nearest: float | None = None
+        for session in list(self.sessions.values()):
+            if session.detached_at is None or session.sink is not None:
+                continue
+            deadline = session.detached_at + timeout
+            if deadline > now:
+                nearest = deadline if nearest is None else min(nearest, deadline)
+            elif session.pending_exit is not None:
+                log.info("session %s: its exit was not collected in time: dropped", session.id)
+                self._forget(session)
+            elif session.ending is None:
+                log.info("session %s: detached for %g s: hung up", session.id, timeout)
+                session.cancel(Reason.ABANDONED)
+        return nearest
+
+    async def _sweep(self) -> None:
+        """Run `sweep` at each deadline, on time to the second."""
+        while True:
+            self._replan = anyio.Event()
+            now = time.monotonic()
+            nearest = self.sweep(now)
+            with anyio.move_on_after(math.inf if nearest is None else nearest - now):
+                await self._replan.wait()
 
     def hang_up_all(self) -> None:
         """Graceful shutdown: no new sessions; SIGHUP to every running session's process

@@ -1,89 +1,69 @@
-"""The session adapter: one process, owned by the server, its output to an attached sink.
+"""A session: one process the server runs, from spawn until its exit status is sent.
 
 A session belongs to the server's registry, not to a connection: a connection
-attaches a channel to it (`OutputSink`), and the session writes its output
-there. Per session one task group runs the output pumps (stdout and, in pipe
-mode, stderr) while the session's own task awaits the process; stdin is
-written straight from the connection's reader when the process takes it, and
-only what would block goes through an input pump started for the purpose.
-While a pump waits for output, the event loop's readiness callback delivers
-what can go out at once (the keystroke path: no task step), and wakes the
-pump only for what has to wait: credit, room to send, end-of-file.
-`run` sends the exit status only after the process is reaped and its output
-reached end-of-file or the linger grace ran out. Cancelling the session's
-scope is the cancel path: the process group is hung up, killed after a
-grace, reaped, and nothing more is sent.
+attaches a channel to it (its sink), and the session writes its output there.
+Its life runs as one task (`run`): the process is reaped (its pidfd's
+readiness), its output read to end-of-file or until the linger grace runs out,
+and only then is the exit offered, after every output frame. The output
+itself is read by the pumps (pump.py), from the loop's readiness callbacks
+where there are any; the input goes through the stdin queue (stdin.py).
+Cancelling the session's scope is the cancel path: the process group is hung
+up, killed after a grace, reaped, and nothing more is sent.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import signal
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 import anyio
-import anyio.abc
-import anyio.lowlevel
 
-from ..backends.base import OutputSource, ProcessHandle, ProcessSpec
-from ..defaults import DEFAULT_LINGER
+from ..backends.base import ProcessHandle, ProcessSpec
+from ..defaults import DEFAULT_LINGER, OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
-from ..protocol.messages import STOLEN, Eof, Exit, Message, Resize, Signal
+from ..protocol.messages import Exit, Message, Resize, Signal
+from ..transport.readiness import Watch
 from .journal import Reason, now_rfc3339
+from .pump import OutputPump
 from .scrollback import Scrollback
-
-STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
-READ_SIZE = 1 << 17  # the most one read takes, and the largest output frame
+from .stdin import StartTask, StdinQueue
 
 
-class OutputSink(Protocol):
-    """Where a session's output goes: the channel of the connection it is attached to."""
+class Sink(Protocol):
+    """Where a session's output goes: the channel it is attached to (attachment.py)."""
+
+    live: bool  # the replay (if any) is over: live output and the exit may go out
 
     def limit(self) -> int:
-        """Bytes that may be sent now (one frame at most); 0 until credit comes."""
+        """Bytes that may be sent now (one frame at most); 0 until resumed."""
         ...
 
-    async def wait_credit(self) -> None:
-        """Until `limit` may be above 0."""
+    def send_output(self, kind: FrameKind, data: bytes) -> bool:
+        """Frame one output frame and hand it on; whether the sink takes more now."""
         ...
 
-    def send_output(self, kind: FrameKind, data: bytes) -> None:
-        """Frame one output frame and hand it to the connection, without waiting."""
-        ...
-
-    @property
-    def has_room(self) -> bool:
-        """Whether the connection's send queue has room for more output."""
-        ...
-
-    async def wait_room(self) -> None:
-        """Until the connection's send queue has room (at once when the sink is let go)."""
-        ...
-
-    async def send_exit(self, status: Exit) -> bool:
-        """Send the channel's last frame; False when the sink was let go first (detached)."""
+    def send_exit(self, status: Exit) -> bool:
+        """Frame the channel's last frame; False when the channel had ended."""
         ...
 
     def stdin_consumed(self, size: int) -> None:
-        """The process took ``size`` bytes of input (STDIN credit may be granted back)."""
+        """The process took ``size`` bytes of input later (STDIN credit may be granted)."""
         ...
 
-    def ended(self) -> None:
-        """The session is over, whichever way it ended: the sink is released."""
+    def lost(self) -> None:
+        """The session is over without its exit: the channel ends all the same."""
         ...
 
     def release(self, reason: str | None = None) -> None:
-        """The session goes on without this sink (detached; ``reason`` "stolen" when another
-        took it): the channel ends with `detached`, and whatever waits on the sink wakes."""
+        """The session goes on without this sink: the channel ends with `detached`."""
         ...
 
 
 class OutputObserver(Protocol):
     """Sees every output chunk, input chunk and resize, and the end, whether a client is
-    attached or not."""
+    attached or not (a recording)."""
 
     def output(self, kind: FrameKind, data: bytes) -> None: ...
 
@@ -94,21 +74,12 @@ class OutputObserver(Protocol):
     def exited(self, status: Exit) -> None: ...
 
 
-class _Reading:
-    """Whether an output pump is waiting for output (not sending it) right now."""
-
-    __slots__ = ("now",)
-
-    def __init__(self) -> None:
-        self.now = False
-
-
 class ServerSession:
-    """One process the server runs, from spawn until its exit status is sent."""
+    """One process the server runs, and what outlives any one connection to it."""
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
-                 peer: str, linger: float = DEFAULT_LINGER, owner: str = "",
-                 scrollback: int | None = None) -> None:
+                 peer: str, start_task: StartTask, *, linger: float = DEFAULT_LINGER,
+                 owner: str = "", scrollback: int | None = None) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
@@ -116,28 +87,29 @@ class ServerSession:
         self.owner = owner  # the principal that opened it: only it may list or attach it
         self.started = now_rfc3339()
         self.size = (spec.rows, spec.cols)  # the terminal's, as last set
-        self.scope = anyio.CancelScope()  # cancelled to cancel the session
-        self.sink: OutputSink | None = None
+        self.sink: Sink | None = None
         # Detachable sessions (section 9) keep a ring of their output, attached or not.
         self.ring = Scrollback(scrollback) if scrollback is not None else None
         self.detached_at: float | None = None  # when it was last left without a sink
-        self.pending_exit: Exit | None = None  # it ended while detached: for the next attach
+        self.pending_exit: Exit | None = None  # ready but not delivered: for the next sink
         self.observers: list[OutputObserver] = []  # a recording, say: sees all output
-        self.on_delivered: Callable[[], None] | None = None  # the registry forgets it then
+        self.on_delivered: Callable[[], None] | None = None  # a pending exit went out
         self.ending: Reason | None = None  # why it was ended, when something ended it
+        self.recorded = False  # its start record is in the journal: it gets an end
         self.bytes_in = 0
         self.bytes_out = 0
+        self.stdin = StdinQueue(process, self._stdin_consumed, start_task)
+        self.fault: Exception | None = None  # what broke the session's own code
         self._linger = linger
-        self._stdin: collections.deque[bytes | Eof] = collections.deque()
-        self._stdin_queued = 0
-        self._stdin_room: anyio.Event | None = None  # made only when a feeder has to wait
-        self._stdin_broken = False
-        self._input_pump_running = False
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._readers: list[tuple[anyio.CancelScope, _Reading]] = []
-        self._lingering_over = False
-        self._open_outputs = 2 if process.stderr is not None else 1
-        self._outputs_done: anyio.Event | None = None  # made when the exit waits for them
+        self._scope: anyio.CancelScope | None = None  # made when it runs
+        self._cancelled = False  # asked to end before it ran
+        self._pumps: list[OutputPump] = []
+        self._open_streams = 0  # streams not at their end yet
+        self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
+        self._stderr_watch: Watch | None = None
+        self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
+        self._final: Exit | None = None  # the status, once every output frame went out
+        self._exit_sent = False
 
     @property
     def pid(self) -> int:
@@ -147,88 +119,48 @@ class ServerSession:
     def detachable(self) -> bool:
         return self.ring is not None
 
-    def attach(self, sink: OutputSink) -> None:
-        """Write to ``sink`` from now on; a sink it wrote to before is released as stolen."""
-        previous, self.sink = self.sink, sink
+    # --- what the connection and the registry ask ---------------------------------
+
+    def attach(self, sink: Sink) -> None:
+        """Write to ``sink`` from now on (the registry has let go of any other first)."""
+        self.sink = sink
         self.detached_at = None
-        if previous is not None:
-            previous.release(STOLEN)
+        self.sink_ready()
 
     def detach(self) -> None:
         """Go on without a sink: output only goes to the ring, and the process never waits.
-
-        Input the process has not taken yet is dropped: it was sent on the channel that
-        left, and the next one starts with a whole STDIN window of its own.
-        """
-        previous, self.sink = self.sink, None
+        Input the process has not taken is dropped (see `StdinQueue.drop`)."""
+        self.sink = None
         self.detached_at = time.monotonic()
-        in_flight = 1 if self._input_pump_running and self._stdin else 0
-        while len(self._stdin) > in_flight:
-            item = self._stdin.pop()
-            if isinstance(item, bytes):
-                self._stdin_queued -= len(item)
-        self._wake_feeders()
-        if previous is not None:
-            previous.release()
+        self.stdin.drop()
+        self.sink_ready()
 
-    def exit_delivered(self) -> None:
-        """The exit of a session that ended while detached reached the next attach."""
-        self.pending_exit = None
-        if self.on_delivered is not None:
-            self.on_delivered()
+    def sink_ready(self) -> None:
+        """The sink takes more (credit, room, its replay ended) or changed: the pumps go on,
+        and a ready exit goes out."""
+        for pump in self._pumps:
+            pump.resume()
+        self._offer_exit()
 
     def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
         """End the session now: kill and reap its processes, send nothing more."""
         self.ending = self.ending or reason
-        self.scope.cancel()
+        self._cancelled = True
+        if self._scope is not None:
+            self._scope.cancel()
 
-    # --- called by the connection ------------------------------------------
+    def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
+        """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group. A
+        process that had exited by itself keeps its own end (`exit`)."""
+        if self.process.hang_up():
+            self.ending = self.ending or reason
 
-    def feed_stdin(self, data: bytes) -> None:
-        """Write stdin now if the process takes it, else queue it (see `stdin_full`)."""
+    def feed_stdin(self, data: bytes) -> int:
+        """Input for the process: the bytes it took now (the rest is queued)."""
         self.bytes_in += len(data)
         for observer in self.observers:
             observer.typed(data)
-        if self._stdin_broken:
-            self._consumed(len(data))  # dropped input is granted back all the same
-            return
-        if not self._stdin and not self._input_pump_running:
-            try:
-                written = self.process.write_nowait(data)
-            except anyio.BrokenResourceError:
-                self._stdin_broken = True
-                self._consumed(len(data))
-                return
-            if written:
-                self._consumed(written)
-            if written == len(data):
-                return
-            data = data[written:]
-        self._queue_input(data)
-
-    @property
-    def stdin_full(self) -> bool:
-        """Whether more than STDIN_LIMIT is queued: a connection without windows then waits
-        (`wait_stdin_room`); with windows the client's credit bounds the queue."""
-        return self._stdin_queued > STDIN_LIMIT and not self._stdin_broken
-
-    async def wait_stdin_room(self) -> None:
-        while self.stdin_full:
-            room = self._stdin_room = self._stdin_room or anyio.Event()
-            await room.wait()
-
-    def feed_eof(self) -> None:
-        """End-of-input, behind the stdin already queued. An `eof` while one still waits is
-        the same one (so a client cannot grow the queue with them)."""
-        if not (self._stdin and isinstance(self._stdin[-1], Eof)):
-            self._queue_input(Eof())
-
-    def close_input(self) -> None:
-        """The session is over: drop queued stdin and release any feeder waiting for room."""
-        self._stdin_broken = True
-        self._stdin.clear()
-        self._stdin_queued = 0
-        self._wake_feeders()
+        return self.stdin.feed(data)
 
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
@@ -243,196 +175,138 @@ class ServerSession:
         elif isinstance(message, Signal):
             self.process.send_signal(signal.Signals["SIG" + message.name])
 
-    def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
-        """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
-        self.ending = self.ending or reason
-        self.process.hang_up()
+    def _stdin_consumed(self, size: int) -> None:
+        if self.sink is not None:
+            self.sink.stdin_consumed(size)
 
-    # --- the adapter --------------------------------------------------------
+    # --- the pumps' owner -----------------------------------------------------------
 
-    async def run(self) -> Exit:
-        """Pump until the exit status is sent; on cancellation, kill and reap, send nothing."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._task_group = tg
-                self._start_input_pump()
-                tg.start_soon(self._pump_output, self.process.stdout, FrameKind.STDOUT)
-                if self.process.stderr is not None:
-                    tg.start_soon(self._pump_output, self.process.stderr, FrameKind.STDERR)
-                status = await self.process.wait()
-                if self._open_outputs:
-                    self._outputs_done = anyio.Event()
-                    with anyio.move_on_after(self._linger):
-                        await self._outputs_done.wait()
-                self._lingering_over = True
-                for scope, reading in self._readers:
-                    if reading.now:
-                        scope.cancel()
-                if self._outputs_done is not None:
-                    await self._outputs_done.wait()  # the pumps send what is buffered, then stop
-                for observer in self.observers:
-                    observer.exited(status)
-                await self._deliver_exit(status)
-                if self._input_pump_running:  # the pumps are done; an input pump may wait on
-                    tg.cancel_scope.cancel()
-                self._task_group = None  # no input pump starts now: the group is closing
-            return status
-        finally:
-            self._task_group = None
-            await self.process.aclose()
-
-    async def _deliver_exit(self, status: Exit) -> None:
-        """The exit goes to whichever sink is attached when it can be sent; with none (a
-        detached session), it waits for the next attach."""
-        while (sink := self.sink) is not None:
-            if await sink.send_exit(status):
-                return
-        self.pending_exit = status
-
-    def _limit(self) -> int:
-        """What a pump may read now: the sink's credit, or a frame's worth when detached."""
+    def output_limit(self) -> int:
+        """What a pump may read now: the sink's credit, or a chunk's worth when detached."""
         sink = self.sink
-        return READ_SIZE if sink is None else sink.limit()
+        return OUTPUT_CHUNK if sink is None else sink.limit()
 
-    async def _wait_room(self) -> None:
-        sink = self.sink
-        if sink is not None:
-            await sink.wait_credit()  # also ends when the sink is let go
-
-    def _deliver_nowait(self, kind: FrameKind, data: bytes) -> OutputSink | None:
-        """Output to the ring, the observers and the sink; the sink, which may be full now."""
+    def deliver(self, kind: FrameKind, data: bytes) -> bool:
+        """Output to the ring, the observers and the sink; whether the sink takes more."""
         self.bytes_out += len(data)
         if self.ring is not None:
             self.ring.append(kind, data)
         for observer in self.observers:
             observer.output(kind, data)
         sink = self.sink
-        if sink is not None:
-            sink.send_output(kind, data)
-        return sink
+        return sink is None or sink.send_output(kind, data)
 
-    async def _deliver(self, kind: FrameKind, data: bytes) -> None:
-        sink = self._deliver_nowait(kind, data)
-        if sink is not None and not sink.has_room:  # a slow client: its output waits here
-            await sink.wait_room()
+    def pump_done(self, pump: OutputPump) -> None:
+        self._open_streams -= 1
+        if not self._open_streams and self._settled is not None:
+            self._settled.set()
 
-    def _deliver_ready(self, source: OutputSource, kind: FrameKind) -> bool:
-        """The readiness callback's delivery: True while it may go on, False to wake the pump
-        (no credit or no room to send, end-of-file, the session ending)."""
-        if self._lingering_over or self.scope.cancel_called:
-            return False
-        sink = self.sink
-        if sink is not None and not sink.has_room:
-            return False
-        limit = self._limit()
-        if not limit:
-            return False
-        data = source.receive_nowait(limit)
-        if not data:
-            return not source.at_eof
-        self._deliver_nowait(kind, data)
-        return sink is None or sink.has_room
+    def pump_failed(self, error: Exception) -> None:
+        self.fault = error
+        if self._scope is not None:
+            self._scope.cancel()
 
-    async def _wait_output(self, source: OutputSource, kind: FrameKind) -> None:
-        """Until output can be read. Meanwhile, where the loop calls back on readiness, what
-        can go out at once is delivered from the callback: no task step per keystroke."""
-        if not await source.serve_readable(functools.partial(self._deliver_ready, source, kind)):
-            await source.wait_readable()
+    # --- the one task -----------------------------------------------------------------
+
+    async def run(self) -> Exit | None:
+        """Reap the process, read its output to the end, offer the exit; the status, or None
+        when the session was cancelled (killed and reaped, nothing more sent). Raises what
+        broke the session's own code."""
+        try:
+            with anyio.CancelScope() as self._scope:
+                if self._cancelled:
+                    self._scope.cancel()
+                tasks = self._start_pumps()
+                if tasks:  # no readiness callbacks here: the pumps wait in tasks of their own
+                    async with anyio.create_task_group() as group:
+                        for pump in tasks:
+                            group.start_soon(pump.run)
+                        status = await self._run()
+                else:
+                    status = await self._run()
+                return status
+            if self.fault is not None:
+                raise self.fault
+            return None
+        finally:
+            self._stop_pumps()
+            await self.process.aclose()
+
+    async def _run(self) -> Exit:
+        status = await self.process.wait()
+        if self._open_streams:
+            with anyio.move_on_after(self._linger):
+                await self._until_settled()
+            # The linger ran out: each stream sends what is buffered now, then stops.
+            if self.process.stderr is not None:
+                self._stderr_pump()
+            for pump in self._pumps:
+                pump.last_chunk()
+            await self._until_settled()
+        for observer in self.observers:
+            observer.exited(status)
+        self._final = status
+        self._offer_exit()
+        return status
+
+    def _offer_exit(self) -> None:
+        """The one place the exit goes out: once the process was reaped and every output
+        frame went out (its streams at end-of-file, or cut short by the linger), to the
+        sink whose replay is over; with none, it waits for the next attach."""
+        status = self._final
+        if status is None or self._exit_sent:
             return
         sink = self.sink
-        if sink is not None and not sink.has_room:
-            await sink.wait_room()
+        if sink is not None and sink.live and sink.send_exit(status):
+            self._exit_sent = True
+            delivered_later = self.pending_exit is not None
+            self.pending_exit = None
+            if delivered_later and self.on_delivered is not None:
+                self.on_delivered()
+            return
+        self.pending_exit = status
 
-    async def _pump_output(self, source: OutputSource, kind: FrameKind) -> None:
-        # Credit is checked and spent with no await in between (two pumps share it),
-        # and no credit is held while waiting for output. Without credit one byte may be
-        # read ahead and held: that is how the pump learns of end-of-file (and lets the
-        # exit go) when the output ended exactly at the edge of the window.
-        reading = _Reading()
-        held = b""
-        try:
-            with anyio.CancelScope() as scope:
-                self._readers.append((scope, reading))
-                while not self._lingering_over:
-                    reading.now = True  # only a wait may be cut short by the linger
-                    limit = self._limit()
-                    if not limit:
-                        if held:
-                            await self._wait_room()
-                        elif not (held := source.receive_nowait(1)):
-                            if source.at_eof:
-                                return
-                            await source.wait_readable()
-                        continue
-                    if held:
-                        data, held = held + source.receive_nowait(limit - len(held)), b""
-                    else:
-                        data = source.receive_nowait(limit)
-                    if not data:
-                        if source.at_eof:
-                            return
-                        await self._wait_output(source, kind)
-                        continue
-                    reading.now = False
-                    await self._deliver(kind, data)
-                    # A flood never waits for output or room: let the others have a turn
-                    # (a keystroke in another session waits for at most one chunk).
-                    await anyio.lowlevel.checkpoint()
-            # The linger ran out: send what is buffered now, not what comes later.
-            while not (limit := self._limit()):
-                if not held and not (held := source.receive_nowait(1)):
-                    return
-                await self._wait_room()
-            data = held + source.receive_nowait(limit - len(held))
-            if data:
-                await self._deliver(kind, data)
-        finally:
-            reading.now = False  # ended: nothing to cut short (a cancel costs a task's repr)
-            self._open_outputs -= 1
-            if self._open_outputs == 0 and self._outputs_done is not None:
-                self._outputs_done.set()
+    async def _until_settled(self) -> None:
+        while self._open_streams:
+            self._settled = anyio.Event()
+            await self._settled.wait()
+        self._settled = None
 
-    # --- input that has to wait ---------------------------------------------
+    def _start_pumps(self) -> list[OutputPump]:
+        """Watch the output streams; the pumps that need a task of their own (none where
+        the loop calls back on readiness). Stderr's pump is made once stderr is readable."""
+        process = self.process
+        tasks = []
+        stdout = OutputPump(self, process.stdout, FrameKind.STDOUT)
+        self._pumps.append(stdout)
+        self._open_streams = 1
+        watch = process.stdout.watch(stdout.readable)
+        if watch is not None:
+            stdout.watch(watch)
+        else:
+            tasks.append(stdout)
+        if process.stderr is not None:
+            self._open_streams = 2
+            self._stderr_watch = process.stderr.watch(self._stderr_readable)
+            if self._stderr_watch is None:
+                tasks.append(self._stderr_pump())
+        return tasks
 
-    def _consumed(self, size: int) -> None:
-        if self.sink is not None:
-            self.sink.stdin_consumed(size)
+    def _stderr_pump(self) -> OutputPump:
+        pump = self._stderr
+        if pump is None:
+            assert self.process.stderr is not None
+            pump = self._stderr = OutputPump(self, self.process.stderr, FrameKind.STDERR)
+            if self._stderr_watch is not None:
+                pump.watch(self._stderr_watch)
+            self._pumps.append(pump)
+        return pump
 
-    def _queue_input(self, item: bytes | Eof) -> None:
-        self._stdin.append(item)
-        if isinstance(item, bytes):
-            self._stdin_queued += len(item)
-        self._start_input_pump()
+    def _stderr_readable(self) -> None:
+        self._stderr_pump().readable()
 
-    def _start_input_pump(self) -> None:
-        if self._stdin and not self._input_pump_running and self._task_group is not None:
-            self._input_pump_running = True
-            self._task_group.start_soon(self._pump_input)
-
-    async def _pump_input(self) -> None:
-        """Write queued stdin as the process takes it; end when the queue is empty."""
-        try:
-            while self._stdin:
-                item = self._stdin[0]
-                try:
-                    if isinstance(item, bytes):
-                        if not self._stdin_broken:
-                            await self.process.send_stdin(item)
-                    else:
-                        await self.process.send_eof()
-                except anyio.BrokenResourceError:
-                    self._stdin_broken = True  # the process closed its input: drop the rest
-                self._stdin.popleft()
-                if isinstance(item, bytes):
-                    self._stdin_queued -= len(item)
-                    self._consumed(len(item))
-                    if self._stdin_queued <= STDIN_LIMIT:
-                        self._wake_feeders()
-        finally:
-            self._input_pump_running = False
-            self._wake_feeders()
-
-    def _wake_feeders(self) -> None:
-        if self._stdin_room is not None:
-            self._stdin_room.set()
-            self._stdin_room = None
+    def _stop_pumps(self) -> None:
+        for pump in self._pumps:
+            pump.stop()
+        if self._stderr_watch is not None:
+            self._stderr_watch.stop()

@@ -27,10 +27,11 @@ class Outbox:
     """Serialises buffers onto a transport, in order, with bounded memory."""
 
     def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
-                 limit: int = DEFAULT_LIMIT) -> None:
+                 on_room: Callable[[], None] | None = None, limit: int = DEFAULT_LIMIT) -> None:
         self.transport = transport
         self.limit = limit
         self._on_broken = on_broken
+        self._on_room = on_room  # told when the queue falls back to the limit
         self._task_group: anyio.abc.TaskGroup | None = None
         self._writing = False
         self.broken = False
@@ -38,7 +39,8 @@ class Outbox:
         self._queued = 0
         self._closing = False
         self._room: anyio.Event | None = None  # made only when a producer has to wait
-        self.done = anyio.Event()  # set once closed and flushed, or broken
+        self._done = False  # closed and flushed, or broken
+        self._done_event: anyio.Event | None = None  # made only when someone waits for it
 
     def attach(self, task_group: anyio.abc.TaskGroup) -> None:
         """Where the writer task runs when one is needed; call before the first `push`."""
@@ -83,10 +85,21 @@ class Outbox:
             await room.wait()
 
     def close(self) -> None:
-        """No more pushes: what is queued is still sent, then `done` is set."""
+        """No more pushes: what is queued is still sent (`wait_done`)."""
         self._closing = True
         if not self._writing:
-            self.done.set()
+            self._set_done()
+
+    async def wait_done(self) -> None:
+        """Until everything pushed was sent after `close`, or the connection broke."""
+        if not self._done:
+            self._done_event = self._done_event or anyio.Event()
+            await self._done_event.wait()
+
+    def _set_done(self) -> None:
+        self._done = True
+        if self._done_event is not None:
+            self._done_event.set()
 
     def _break(self) -> None:
         if self.broken:
@@ -95,7 +108,7 @@ class Outbox:
         self._buffers.clear()
         self._queued = 0
         self._wake_producers()
-        self.done.set()
+        self._set_done()
         if self._on_broken is not None:
             self._on_broken()
 
@@ -123,6 +136,7 @@ class Outbox:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     self._break()
                     return
+                full = self._queued > self.limit
                 self._queued -= sent
                 while sent:
                     head = self._buffers[0]
@@ -134,11 +148,13 @@ class Outbox:
                         sent = 0
                 if self._queued <= self.limit:
                     self._wake_producers()
+                    if full and self._on_room is not None:
+                        self._on_room()
         finally:
             self._writing = False
             self._wake_producers()
             if self._closing or self.broken:
-                self.done.set()
+                self._set_done()
 
 
 def _skip(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:

@@ -1,11 +1,15 @@
-"""Readiness callbacks: a descriptor watched by the event loop for as long as it is busy.
+"""Readiness callbacks: a descriptor watched by the event loop, its callback run on readiness.
 
 The keystroke-echo path. An `await anyio.wait_readable(fd)` costs an epoll_ctl
 pair, a future and a task step each time; a callback registered once and run
 by the loop the moment the descriptor is readable costs none of them, and
 halves the server's CPU time per keystroke. Only asyncio's selector loops
-(and uvloop) call back on readiness; elsewhere (trio) `serve` says no and the
-caller waits the ordinary way.
+(and uvloop) call back on readiness; elsewhere (trio) there is no `Watch` and
+`serve_readable` says no, and the caller waits the ordinary way.
+
+Two shapes: `serve_readable`, an awaitable for a task that can hand the work to
+the loop while it would only wait (a connection's reader), and `Watch`, started
+and stopped at will, for work that has no task of its own (a session's output).
 """
 
 from __future__ import annotations
@@ -30,6 +34,54 @@ def _asyncio_context() -> contextvars.Context:
 _CALLBACK_CONTEXT = _asyncio_context()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio)
+        return None
+
+
+class Watch:
+    """``fd`` watched by the running loop: ``callback`` runs each time it is readable,
+    between `start` and `stop`. The callback must read, or stop the watch: the loop asks
+    again at once. Made by `watch_readable`, which starts it."""
+
+    __slots__ = ("_callback", "_context", "_fd", "_loop", "active")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int,
+                 callback: Callable[[], None]) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._callback = callback
+        # A copy: a context cannot be entered twice at once (loops in two threads).
+        self._context = _CALLBACK_CONTEXT.copy()
+        self.active = False
+
+    def start(self) -> None:
+        if not self.active:
+            self._loop.add_reader(self._fd, self._context.run, self._callback)
+            self.active = True
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            self._loop.remove_reader(self._fd)
+
+
+def watch_readable(fd: int, callback: Callable[[], None]) -> Watch | None:
+    """A started `Watch` of ``fd``, or None where the loop has no readiness callbacks
+    (trio, a proactor loop) or will not watch ``fd`` (epoll refuses a regular file)."""
+    loop = _running_loop()
+    if loop is None:
+        return None
+    watch = Watch(loop, fd, callback)
+    try:
+        watch.start()
+    except (NotImplementedError, PermissionError):
+        return None
+    return watch
+
+
 async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
     """Run ``callback`` from the loop each time ``fd`` is readable, until it returns False
     (then return True) or raises (then raise it here, in the waiting task). The callback
@@ -38,9 +90,8 @@ async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
     Returns False at once where the running loop has no readiness callbacks: the caller
     then waits the ordinary way. Cancelled, it stops watching before it returns.
     """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio (trio)
+    loop = _running_loop()
+    if loop is None:
         return False
     done = loop.create_future()
 
@@ -61,7 +112,6 @@ async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
             done.set_result(None)
 
     try:
-        # A copy each: a context cannot be entered twice at once (loops in two threads).
         loop.add_reader(fd, _CALLBACK_CONTEXT.copy().run, readable)
     except (NotImplementedError, PermissionError):  # a proactor loop; a regular file
         return False

@@ -1,0 +1,139 @@
+"""A session's input: written to the process at once when it takes it, else queued.
+
+Stdin is written straight from the connection's reader when the process takes
+it (`write_nowait`): no task step for a keystroke. What would block is queued,
+with `eof` in order behind it, and written by an input pump that exists only
+while something is queued. With windows the client's STDIN credit bounds the
+queue; without, the connection waits while more than STDIN_LIMIT is queued.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+
+from ..backends.base import ProcessHandle
+from ..defaults import STDIN_LIMIT
+from ..protocol.messages import Eof
+
+Consumed = Callable[[int], None]  # input the process took later, for credit: its size
+StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+_CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+class StdinQueue:
+    """What a session's process has not taken of its input yet."""
+
+    __slots__ = (
+        "_broken",
+        "_consumed",
+        "_process",
+        "_pumping",
+        "_queue",
+        "_queued",
+        "_room",
+        "_start_task",
+    )
+
+    def __init__(self, process: ProcessHandle, consumed: Consumed,
+                 start_task: StartTask) -> None:
+        self._process = process
+        self._consumed = consumed  # told of what the input pump writes
+        self._start_task = start_task
+        self._queue: collections.deque[bytes | Eof] = collections.deque()
+        self._queued = 0  # bytes in the queue
+        self._room: anyio.Event | None = None  # made only when a feeder has to wait
+        self._broken = False  # the process closed its input, or the session is over
+        self._pumping = False
+
+    def feed(self, data: bytes) -> int:
+        """Write ``data`` now as far as the process takes it, queue the rest; the bytes taken
+        now (input dropped because the process closed its input counts as taken)."""
+        if self._broken:
+            return len(data)
+        if self._queue or self._pumping:
+            self._append(data)
+            return 0
+        try:
+            written = self._process.write_nowait(data)
+        except anyio.BrokenResourceError:
+            self._broken = True
+            return len(data)
+        if written < len(data):
+            self._append(data[written:])
+        return written
+
+    def feed_eof(self) -> None:
+        """End of input, behind what is queued. An `eof` while one still waits is the same
+        one (so a client cannot grow the queue with them)."""
+        if not (self._queue and isinstance(self._queue[-1], Eof)):
+            self._append(Eof())
+
+    @property
+    def full(self) -> bool:
+        """Whether more than STDIN_LIMIT is queued: a connection without windows then waits
+        (`wait_room`); with windows the client's credit bounds the queue."""
+        return self._queued > STDIN_LIMIT and not self._broken
+
+    async def wait_room(self) -> None:
+        while self.full:
+            room = self._room = self._room or anyio.Event()
+            await room.wait()
+
+    def drop(self) -> None:
+        """Forget what waits (not what the pump is writing): it was sent on a channel that
+        left, and the next one starts with a whole STDIN window of its own."""
+        keep = 1 if self._pumping and self._queue else 0
+        while len(self._queue) > keep:
+            item = self._queue.pop()
+            if isinstance(item, bytes):
+                self._queued -= len(item)
+        self._wake_feeders()
+
+    def close(self) -> None:
+        """The session is over: drop the queue, release any feeder waiting for room."""
+        self._broken = True
+        self._queue.clear()
+        self._queued = 0
+        self._wake_feeders()
+
+    def _append(self, item: bytes | Eof) -> None:
+        self._queue.append(item)
+        if isinstance(item, bytes):
+            self._queued += len(item)
+        if not self._pumping:
+            self._pumping = True
+            self._start_task(self._pump)
+
+    async def _pump(self) -> None:
+        """Write the queue as the process takes it; end when it is empty."""
+        try:
+            while self._queue:
+                item = self._queue[0]
+                try:
+                    if isinstance(item, Eof):
+                        await self._process.send_eof()
+                    elif not self._broken:
+                        await self._process.send_stdin(item)
+                except _CLOSED:
+                    self._broken = True  # the process closed its input: drop the rest
+                if not self._queue or self._queue[0] is not item:
+                    continue  # closed meanwhile: the queue was cleared
+                self._queue.popleft()
+                if isinstance(item, bytes):
+                    self._queued -= len(item)
+                    self._consumed(len(item))
+                    if self._queued <= STDIN_LIMIT:
+                        self._wake_feeders()
+        finally:
+            self._pumping = False
+            self._wake_feeders()
+
+    def _wake_feeders(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
