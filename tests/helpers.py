@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -43,10 +44,12 @@ async def running_server(
     linger: float = 2.0,
     command: list[str] | None = None,
     shutdown_timeout: float = 10.0,
+    **settings_given: Any,
 ) -> AsyncIterator[tuple[Server, str]]:
-    """A real server on a Unix socket in this process; shut down gracefully on exit."""
+    """A real server on a Unix socket in this process; shut down gracefully on exit.
+    ``settings_given`` are more of its ServerSettings."""
     settings = ServerSettings(default_argv=command or [SH], linger=linger,
-                              shutdown_timeout=shutdown_timeout)
+                              shutdown_timeout=shutdown_timeout, **settings_given)
     server = Server(settings, backend=backend)
     leases: list[SocketLease] = []
     listeners = open_listeners([Address("unix", path=str(socket_path))], leases)

@@ -298,8 +298,22 @@ async def winch(io: ProgramIO) -> int:
     return 0
 
 
+def counted(start: int, lines: int) -> bytes:
+    """What `count` writes from line ``start`` on: "START\\nSTART+1\\n..."."""
+    return "".join(f"{n}\n" for n in range(start, start + lines)).encode()
+
+
+async def count(io: ProgramIO) -> int:
+    """Writes 0, 1, 2, ... a line each, 100 lines a write, until it is killed: output that is
+    always there to read, and whose every byte says where it belongs."""
+    for block in itertools.count(0, 100):
+        await io.write(counted(block, 100))
+    raise AssertionError("unreachable")
+
+
 PROGRAMS: dict[str, Program] = {
     "true": true, "false": false, "cat": cat, "emit": emit, "die": die,
     "lost-status": lost_status, "sleep": sleep, "env": env, "env-cwd": env_cwd,
+    "count": count,
     "size": size, "winch": winch,
 }

@@ -12,6 +12,7 @@ when the connection says either grew (`resume`).
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.frames import FrameKind
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
-Chunks = list[tuple[FrameKind, bytes]]
+Chunks = collections.deque[tuple[FrameKind, bytes | memoryview]]
 
 
 class ChannelHost(Protocol):
@@ -62,7 +63,7 @@ class Attachment:
         self.session = session
         self.live = True  # the gate: output and the exit go out once the replay has
         self.released = False  # the channel ended, or the session let go of it
-        self._replay: Chunks = []
+        self._replay: Chunks = collections.deque()
 
     @classmethod
     def attach(cls, host: ChannelHost, channel: int, session: ServerSession) -> Attachment:
@@ -71,7 +72,7 @@ class Attachment:
         ring = session.ring
         assert ring is not None, "only a detachable session can be attached"
         attachment = cls(host, channel, session)
-        attachment._replay = ring.snapshot()
+        attachment._replay.extend(ring.snapshot())
         attachment.live = False
         host.frame_attached(channel, Attached(session=session.id, pid=session.pid,
                                               pty=session.spec.pty, dropped=ring.dropped))
@@ -131,10 +132,11 @@ class Attachment:
                 return
             kind, data = replay[0]
             if len(data) > limit:
-                replay[0] = (kind, data[limit:])
-                data = data[:limit]
+                view = memoryview(data)
+                replay[0] = (kind, view[limit:])
+                data = view[:limit]
             else:
-                replay.pop(0)
+                replay.popleft()
             host.send_output(channel, kind, data)
         self.live = True
         self.session.sink_ready()

@@ -108,7 +108,7 @@ class ServerSession:
         self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
         self._stderr_watch: Watch | None = None
         self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
-        self._final: Exit | None = None  # the status, once every output frame went out
+        self._status: Exit | None = None  # the process's, once reaped
         self._exit_sent = False
 
     @property
@@ -198,8 +198,10 @@ class ServerSession:
 
     def pump_done(self, pump: OutputPump) -> None:
         self._open_streams -= 1
-        if not self._open_streams and self._settled is not None:
-            self._settled.set()
+        if not self._open_streams:
+            if self._settled is not None:
+                self._settled.set()
+            self._offer_exit()
 
     def pump_failed(self, error: Exception) -> None:
         self.fault = error
@@ -216,7 +218,7 @@ class ServerSession:
             with anyio.CancelScope() as self._scope:
                 if self._cancelled:
                     self._scope.cancel()
-                tasks = self._start_pumps()
+                tasks = self.start_output()
                 if tasks:  # no readiness callbacks here: the pumps wait in tasks of their own
                     async with anyio.create_task_group() as group:
                         for pump in tasks:
@@ -233,7 +235,7 @@ class ServerSession:
             await self.process.aclose()
 
     async def _run(self) -> Exit:
-        status = await self.process.wait()
+        self.reaped(await self.process.wait())
         if self._open_streams:
             with anyio.move_on_after(self._linger):
                 await self._until_settled()
@@ -243,28 +245,45 @@ class ServerSession:
             for pump in self._pumps:
                 pump.last_chunk()
             await self._until_settled()
-        for observer in self.observers:
-            observer.exited(status)
-        self._final = status
+        assert self._status is not None
+        return self._status
+
+    def reaped(self, status: Exit) -> None:
+        """The process has ended with ``status``: the exit goes once the output has."""
+        self._status = status
         self._offer_exit()
-        return status
+
+    @property
+    def output_over(self) -> bool:
+        """Whether the process was reaped and every stream reached its end (or was cut
+        short by the linger): nothing more is read, the exit may go."""
+        return self._status is not None and not self._open_streams
 
     def _offer_exit(self) -> None:
-        """The one place the exit goes out: once the process was reaped and every output
-        frame went out (its streams at end-of-file, or cut short by the linger), to the
-        sink whose replay is over; with none, it waits for the next attach."""
-        status = self._final
-        if status is None or self._exit_sent:
+        """The one place the exit goes out: once the output is over (`output_over`), after
+        every output frame, to the sink whose replay is over; exactly once. With none, a
+        detachable session keeps it for the next attach (`pending_exit`)."""
+        status = self._status
+        if status is None or self._open_streams or self._exit_sent:
             return
+        if self.pending_exit is None:  # the first time: the recording's last event
+            for observer in self.observers:
+                observer.exited(status)
         sink = self.sink
-        if sink is not None and sink.live and sink.send_exit(status):
-            self._exit_sent = True
-            delivered_later = self.pending_exit is not None
-            self.pending_exit = None
-            if delivered_later and self.on_delivered is not None:
-                self.on_delivered()
-            return
-        self.pending_exit = status
+        if sink is not None and sink.live:
+            if sink.send_exit(status):
+                self._exit_sent = True
+                delivered_later = self.pending_exit is not None
+                self.pending_exit = None
+                if delivered_later and self.on_delivered is not None:
+                    self.on_delivered()
+                return
+            self.sink = None  # its channel had ended (the connection is closing): as detached
+            self.detached_at = time.monotonic()
+        if self.detachable:
+            self.pending_exit = status
+        else:
+            self._exit_sent = True  # nobody can attach: the exit has nowhere to go
 
     async def _until_settled(self) -> None:
         while self._open_streams:
@@ -272,7 +291,7 @@ class ServerSession:
             await self._settled.wait()
         self._settled = None
 
-    def _start_pumps(self) -> list[OutputPump]:
+    def start_output(self) -> list[OutputPump]:
         """Watch the output streams; the pumps that need a task of their own (none where
         the loop calls back on readiness). Stderr's pump is made once stderr is readable."""
         process = self.process

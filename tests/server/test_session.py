@@ -1,0 +1,175 @@
+"""The session's rules with no event loop: the exit after all output, exactly once, to a sink
+whose replay is over; the pumps within the sink's credit; the reason of a hang-up."""
+
+from __future__ import annotations
+
+import signal
+
+from server.fakes import FakeProcess, Wire, controls, make_session, output
+
+from ttyserve.protocol.frames import FrameKind
+from ttyserve.protocol.messages import Exit, Signal
+from ttyserve.server.attachment import Attachment
+from ttyserve.server.journal import Reason
+from ttyserve.server.pump import OutputPump, Stall
+from ttyserve.server.session import ServerSession
+
+
+def started(session: ServerSession) -> list[OutputPump]:
+    """The session's pumps, stepped by hand (a fake stream has no readiness callbacks)."""
+    return session.start_output()
+
+
+def end_stream(process: FakeProcess, pump: OutputPump, data: bytes = b"") -> None:
+    source = process.stdout if pump.kind is FrameKind.STDOUT else process.stderr
+    assert source is not None
+    source.write(data)
+    source.close()
+    while pump.step() is not Stall.DONE:
+        pass
+
+
+def test_the_exit_waits_for_every_stream_and_goes_once_after_all_output() -> None:
+    session, process = make_session(detachable=False)
+    wire = Wire()
+    attachment = wire.opened(session)
+    stdout, stderr = started(session)
+    session.reaped(Exit(code=3))
+    assert controls(wire.frames(), attachment.channel) == [{"type": "opened", "pid": 4242}]
+    end_stream(process, stdout, b"out")
+    assert not session.output_over
+    assert controls(wire.frames(), attachment.channel) == []  # stderr is still open
+    end_stream(process, stderr, b"err")
+    frames = wire.frames()
+    assert [f.kind for f in frames] == [FrameKind.STDERR, FrameKind.CTRL_OUT]
+    assert controls(frames, attachment.channel) == [{"type": "exit", "code": 3}]
+    session.sink_ready()  # whatever wakes the session later, the exit is not sent again
+    assert wire.frames() == []
+    assert wire.ended == [attachment]
+
+
+def test_output_that_ends_first_lets_the_exit_go_when_the_process_is_reaped() -> None:
+    session, process = make_session(pty=True, detachable=False)
+    wire = Wire()
+    attachment = wire.opened(session)
+    wire.frames()
+    (stdout,) = started(session)
+    end_stream(process, stdout, b"all of it")
+    assert wire.frames()[0].payload == b"all of it"
+    session.reaped(Exit(code=0))
+    assert controls(wire.frames(), attachment.channel) == [{"type": "exit", "code": 0}]
+
+
+def test_without_credit_a_pump_reads_one_byte_ahead_and_so_learns_of_the_end() -> None:
+    session, process = make_session(pty=True, detachable=False)
+    wire = Wire(window=4)
+    attachment = wire.opened(session)
+    wire.frames()
+    (stdout,) = started(session)
+    process.stdout.write(b"abcdef")
+    assert stdout.step() is Stall.SINK  # 4 bytes went, the credit is spent
+    assert output(wire.frames(), attachment.channel) == b"abcd"
+    assert stdout.step() is Stall.SINK
+    assert bytes(process.stdout.buffered) == b"f"  # "e" is held, nothing more is read
+    process.stdout.close()
+    session.reaped(Exit(code=0))
+    assert controls(wire.frames(), attachment.channel) == []  # "ef" still has to go
+    wire.core.receive_data(_window(attachment.channel, 10))
+    wire.core.next_event()
+    assert stdout.step() is Stall.READABLE
+    assert stdout.step() is Stall.DONE
+    frames = wire.frames()
+    assert output(frames, attachment.channel) == b"ef"
+    assert controls(frames, attachment.channel) == [{"type": "exit", "code": 0}]
+
+
+def test_after_the_linger_a_pump_sends_what_is_buffered_and_stops() -> None:
+    session, process = make_session(pty=True, detachable=False)
+    wire = Wire()
+    attachment = wire.opened(session)
+    wire.frames()
+    (stdout,) = started(session)
+    session.reaped(Exit(code=0))
+    process.stdout.write(b"buffered")  # a grandchild keeps the terminal open
+    stdout.last_chunk()
+    assert stdout.step() is Stall.DONE
+    process.stdout.write(b"later")
+    assert stdout.step() is Stall.DONE
+    frames = wire.frames()
+    assert output(frames, attachment.channel) == b"buffered"
+    assert controls(frames, attachment.channel) == [{"type": "exit", "code": 0}]
+
+
+def test_the_exit_waits_for_the_replay_and_follows_it() -> None:
+    session, process = make_session(pty=True)
+    (stdout,) = started(session)
+    end_stream(process, stdout, b"x" * 3000)  # detached: into the ring only
+    session.reaped(Exit(code=5))
+    assert session.pending_exit == Exit(code=5)
+    delivered = []
+    session.on_delivered = lambda: delivered.append(True)
+    wire = Wire(window=1000)
+    channel = wire.open_channel()
+    attachment = Attachment.attach(wire, channel, session)
+    frames = wire.frames()
+    assert [c["type"] for c in controls(frames, channel)] == ["attached"]
+    assert output(frames, channel) == b"x" * 1000 and not attachment.live
+    wire.core.receive_data(_window(channel, 1000))  # 1,000 bytes a grant: no exit yet
+    wire.core.next_event()
+    attachment.resume()
+    frames = wire.frames()
+    assert output(frames, channel) == b"x" * 1000
+    assert not controls(frames, channel) and not delivered and not attachment.live
+    wire.core.receive_data(_window(channel, 1000))
+    wire.core.next_event()
+    attachment.resume()
+    frames = wire.frames()
+    assert output(frames, channel) == b"x" * 1000
+    assert controls(frames, channel) == [{"type": "exit", "code": 5}]
+    assert delivered == [True] and session.pending_exit is None
+
+
+def test_a_non_detachable_session_with_nowhere_to_send_its_exit_keeps_nothing() -> None:
+    session, process = make_session(pty=True, detachable=False)
+    (stdout,) = started(session)
+    end_stream(process, stdout)
+    session.reaped(Exit(code=0))
+    assert session.output_over and session.pending_exit is None
+
+
+def test_an_exit_whose_channel_had_ended_waits_for_the_next_attach() -> None:
+    session, process = make_session(pty=True)
+    wire = Wire()
+    attachment = wire.opened(session)
+    wire.core.close()  # the connection is closing: nothing more is framed
+    (stdout,) = started(session)
+    end_stream(process, stdout)
+    session.reaped(Exit(code=0))
+    assert session.pending_exit == Exit(code=0)
+    assert session.sink is None and session.detached_at is not None  # as if detached
+    assert attachment.released
+
+
+def test_a_hang_up_is_the_end_reason_only_of_a_process_still_running() -> None:
+    running, _ = make_session()
+    running.hang_up()
+    assert running.ending is Reason.SHUTDOWN
+    exited, process = make_session()
+    process.status = Exit(code=236)  # it had exited by itself before the hang-up
+    exited.hang_up()
+    assert exited.ending is None and process.hung_up == 1
+
+
+def test_stdin_the_process_takes_is_counted_and_signals_go_at_once() -> None:
+    session, process = make_session()
+    assert session.feed_stdin(b"keys") == 4
+    session.control(Signal(name="INT"))
+    assert (bytes(process.stdin), session.bytes_in, process.signals) == (
+        b"keys", 4, [signal.SIGINT])
+
+
+def _window(channel: int, size: int) -> bytes:
+    from ttyserve.protocol.frames import encode_frame
+    from ttyserve.protocol.messages import Window, encode_message
+
+    return encode_frame(FrameKind.CTRL_IN, channel, encode_message(Window(bytes=size)))
