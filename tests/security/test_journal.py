@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from helpers import (
     HELLO,
@@ -23,11 +25,14 @@ from helpers import (
     processes_in_group,
     start_server,
     ttyserve_command,
+    wait_until,
 )
 
+from ttyserve.client import connect
+from ttyserve.errors import ConnectionLost, RequestError
 from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import FrameDecoder, FrameKind
-from ttyserve.protocol.messages import Cancel, Open
+from ttyserve.protocol.messages import Cancel, Exit, Open
 from ttyserve.server.journal import Reason, SessionEnd, SessionStart, read_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -225,3 +230,94 @@ def test_a_session_cancelled_in_the_batch_of_its_open_has_both_records(short_dir
         assert server.stop() == ServeExit.OK
     ends = assert_one_end_per_start(journal)
     assert len(ends) == 5 and {e.reason for e in ends.values()} == {Reason.CANCELLED}
+
+
+QUIET = ["sleep", "86400"]  # no SIGPIPE or EOF ends it by chance: only a signal does
+
+
+@pytest.mark.asyncio
+async def test_a_server_killed_right_after_opened_leaves_no_session_without_its_records(
+        short_dir: Path) -> None:
+    """SIGKILL the moment the client holds an `opened`, many times over: every `opened` it
+    saw has its start record, each start gets exactly one end (the killed server's are
+    crash-inferred), and the next server hangs up every process of those sessions."""
+    journal = short_dir / "journal.jsonl"
+    seen: list[int] = []  # the pids of every `opened` the client saw
+    for round_ in range(8):
+        server = start_server(short_dir, "--journal", str(journal))
+        try:
+            pids = await open_until_killed(server, sessions=12, kill_after=1 + round_ % 12)
+        finally:
+            server.stop(signal.SIGKILL)
+        assert pids, "no session opened before the kill"
+        seen += pids
+    server = start_server(short_dir, "--journal", str(journal))  # recovers, then serves
+    assert server.stop() == ServeExit.OK
+    recorded = {s.pid: s.id for s in starts(journal)}
+    assert set(seen) <= set(recorded), "an opened session has no start record"
+    ends = assert_one_end_per_start(journal)
+    assert {ends[recorded[pid]].reason for pid in seen} == {Reason.CRASH_INFERRED}
+    assert all(processes_in_group(pid) == [] for pid in seen)  # nothing of them runs
+
+
+async def open_until_killed(server: ServerProcess, sessions: int, kill_after: int) -> list[int]:
+    """Open ``sessions`` quiet sessions at once on one connection and SIGKILL the server as
+    soon as ``kill_after`` of them were answered; the pids of those answered."""
+    pids: list[int] = []
+    async with connect(server.addresses[0], multiplex=True) as conn:
+
+        async def open_one() -> None:
+            try:
+                session = await conn.spawn(QUIET, pty=False)
+            except (ConnectionLost, RequestError):
+                return  # the kill came first
+            assert session.pid is not None
+            pids.append(session.pid)
+            if len(pids) == kill_after:
+                os.kill(server.pid, signal.SIGKILL)  # at once: no await since `opened`
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for _ in range(sessions):
+                    tg.start_soon(open_one)
+    return pids
+
+
+@pytest.mark.asyncio
+async def test_a_graceful_shutdown_records_how_each_session_really_ended(
+        short_dir: Path) -> None:
+    """Shut down while one process has exited by itself (its session still drains the
+    output a background job holds open), one ignores the hang-up and exits by itself
+    later, and one is ended by the hang-up: only the last is `shutdown`."""
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--linger", "30")
+    scripts = {
+        "exited": "trap '' HUP; sleep 3 & echo up; exit 3",  # sleep holds stdout open
+        "ignores": "trap '' HUP; echo up; sleep 1; exit 236",
+        "ended": "echo up; exec sleep 86400",
+    }
+    statuses: dict[str, Exit] = {}
+    try:
+        async with connect(server.addresses[0], multiplex=True) as conn:
+            sessions = {name: await conn.spawn([SH, "-c", script], pty=False)
+                        for name, script in scripts.items()}
+            for session in sessions.values():
+                assert (await session.receive()) is not None  # "up": it runs
+            exited = sessions["exited"].pid or 0
+            assert await wait_until(lambda: not Path(f"/proc/{exited}").exists(), 10)  # reaped
+            server.proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(20):
+                for name, session in sessions.items():
+                    statuses[name] = await session.wait()
+        assert server.wait() == ServeExit.OK
+    finally:
+        server.stop(signal.SIGKILL)
+    assert (statuses["exited"].code, statuses["ignores"].code) == (3, 236)
+    assert statuses["ended"].signal == "HUP"
+    pids = {s.pid: s.id for s in starts(journal)}
+    ends = assert_one_end_per_start(journal)
+    reasons = {name: ends[pids[sessions[name].pid]] for name in scripts}
+    assert {name: (end.reason, end.code) for name, end in reasons.items()} == {
+        "exited": (Reason.EXIT, 3), "ignores": (Reason.EXIT, 236),
+        "ended": (Reason.SHUTDOWN, -1)}
+    assert reasons["ended"].signal == "HUP"

@@ -215,10 +215,9 @@ class SessionRegistry:
     @staticmethod
     def _end_record(journal: Journal, session: ServerSession, status: Exit | None,
                     ) -> SessionEnd:
-        reason = session.ending or (Reason.EXIT if status is not None else Reason.CANCELLED)
         final = session.process.status
         return SessionEnd(
-            id=session.id, at=journal.now(), reason=reason,
+            id=session.id, at=journal.now(), reason=session.end_reason(status),
             code=final.code if final else None, signal=final.signal if final else None,
             error=final.error if final else None,
             bytes_in=session.bytes_in, bytes_out=session.bytes_out)

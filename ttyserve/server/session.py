@@ -150,10 +150,20 @@ class ServerSession:
             self._scope.cancel()
 
     def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
-        """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group. A
-        process that had exited by itself keeps its own end (`exit`)."""
+        """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
         if self.process.hang_up():
             self.ending = self.ending or reason
+
+    def end_reason(self, status: Exit | None) -> Reason:
+        """The journal's `reason` for a session that ended with ``status`` (None: it was
+        cancelled, so it never sent one). A process that exited by itself, with a code of
+        its own, ends with `exit` whatever else happened meanwhile; a hang-up is the reason
+        only for a process it ended (a death by a signal after the hang-up)."""
+        if status is None:
+            return self.ending or Reason.CANCELLED
+        if self.ending is Reason.SHUTDOWN and status.signal is not None:
+            return Reason.SHUTDOWN
+        return Reason.EXIT
 
     def feed_stdin(self, data: bytes) -> int:
         """Input for the process: the bytes it took now (the rest is queued)."""

@@ -1,0 +1,150 @@
+"""The session registry: attach admission and steal, and the sweeper, with no event loop;
+open's admission and its journal record in process, on the memory backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from backends.memory import open_memory_backend
+from server.fakes import Wire, controls, make_session
+
+from ttyserve.errors import ErrorCode, RequestError
+from ttyserve.protocol.messages import Attach, Exit, Open
+from ttyserve.server.journal import Journal, Reason, SessionStart, read_file
+from ttyserve.server.registry import SessionRegistry
+from ttyserve.server.session import ServerSession
+from ttyserve.server.settings import ServerSettings
+
+
+def registry(**settings: object) -> SessionRegistry:
+    return SessionRegistry(ServerSettings(default_argv=["sh"], **settings),  # type: ignore[arg-type]
+                           backend=None)  # type: ignore[arg-type]
+
+
+def registered(reg: SessionRegistry, session_id: str = "s1", owner: str = "uid:0",
+               detachable: bool = True) -> ServerSession:
+    session, _ = make_session(session_id=session_id, owner=owner, detachable=detachable)
+    reg.sessions[session.id] = session
+    return session
+
+
+def refused(reg: SessionRegistry, request: Attach, owner: str = "uid:0",
+            here: int = 0) -> str:
+    with pytest.raises(RequestError) as info:
+        reg.attach(request, owner, here)
+    return str(info.value.code)
+
+
+def test_attach_to_what_is_not_yours_is_no_such_session_alike() -> None:
+    reg = registry()
+    registered(reg, "mine")
+    registered(reg, "theirs", owner="uid:1000")
+    registered(reg, "plain", detachable=False)
+    for session_id in ("nosuch", "theirs", "plain"):
+        assert refused(reg, Attach(session=session_id)) == ErrorCode.NO_SUCH_SESSION
+    assert reg.attach(Attach(session="mine"), "uid:0", 0).id == "mine"
+
+
+def test_a_session_attached_elsewhere_is_in_use_unless_stolen() -> None:
+    reg = registry()
+    session = registered(reg)
+    wire = Wire()
+    writer = wire.opened(session)
+    assert refused(reg, Attach(session="s1")) == ErrorCode.SESSION_IN_USE
+    assert session.sink is writer and not writer.released  # the refusal changed nothing
+    assert reg.attach(Attach(session="s1", steal=True), "uid:0", 0) is session
+    assert session.sink is None and writer.released
+    assert controls(wire.frames(), writer.channel)[-1] == {"type": "detached",
+                                                         "reason": "stolen"}
+
+
+def test_attach_is_refused_while_shutting_down_and_beyond_a_connection_s_room() -> None:
+    reg = registry(max_sessions_per_connection=2)
+    registered(reg)
+    assert refused(reg, Attach(session="s1"), here=2) == ErrorCode.BUSY
+    reg.closing = True
+    assert refused(reg, Attach(session="s1")) == ErrorCode.SHUTTING_DOWN
+
+
+def test_the_sweeper_hangs_up_the_abandoned_and_drops_uncollected_exits() -> None:
+    reg = registry(detached_timeout=10)
+    abandoned = registered(reg, "abandoned")
+    ended = registered(reg, "ended")
+    waiting = registered(reg, "waiting")
+    attached = registered(reg, "attached")
+    Wire().opened(attached)
+    abandoned.detached_at = ended.detached_at = 100.0
+    waiting.detached_at = 105.0
+    ended.pending_exit = Exit(code=0)
+    assert reg.sweep(now=110.0) == 115.0  # the next deadline: waiting's
+    assert abandoned.ending is Reason.ABANDONED  # cancelled: killed and reaped, as `cancel`
+    assert sorted(reg.sessions) == ["abandoned", "attached", "waiting"]  # ended is dropped
+    assert waiting.ending is None and attached.ending is None
+    assert reg.sweep(now=114.9) == 115.0  # nothing moves before its deadline
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(10)
+async def test_open_refuses_beyond_the_limits_and_while_shutting_down(tmp_path: Path) -> None:
+    async with open_memory_backend() as backend:
+        reg = SessionRegistry(ServerSettings(default_argv=["true"], max_sessions=1,
+                                             max_sessions_per_connection=1), backend)
+        async with reg.running():
+            with pytest.raises(RequestError) as info:
+                await reg.open(Open(), "uid:0", "test", sessions_here=1)
+            assert info.value.code == ErrorCode.BUSY and "connection" in info.value.message
+            first = await reg.open(Open(argv=["sleep"]), "uid:0", "test", sessions_here=0)
+            with pytest.raises(RequestError) as info:
+                await reg.open(Open(), "uid:0", "test", sessions_here=0)
+            assert info.value.code == ErrorCode.BUSY and "server" in info.value.message
+            reg.hang_up_all()
+            with pytest.raises(RequestError) as info:
+                await reg.open(Open(), "uid:0", "test", sessions_here=0)
+            assert info.value.code == ErrorCode.SHUTTING_DOWN
+            reg.start(first)
+            with anyio.fail_after(5):
+                await reg.wait_empty()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(10)
+async def test_the_start_record_is_on_disk_when_open_returns_and_shares_fsyncs(
+        tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(str(path))
+    writes: list[bytes] = []
+    write = journal._write
+
+    def counted(data: bytes) -> None:
+        writes.append(data)
+        write(data)
+
+    journal._write = counted  # type: ignore[method-assign]  # the same write, counted
+    try:
+        async with open_memory_backend() as backend:
+            reg = SessionRegistry(ServerSettings(default_argv=["sleep"]), backend, journal)
+            async with reg.running():
+                sessions = []
+                async with anyio.create_task_group() as tg:  # opened together: group commit
+
+                    async def open_one() -> None:
+                        session = await reg.open(Open(), "uid:0", "test", sessions_here=0)
+                        starts = [r.id for r in read_file(str(path)).records
+                                  if isinstance(r, SessionStart)]
+                        assert session.id in starts  # before the caller could send `opened`
+                        sessions.append(session)
+
+                    for _ in range(5):
+                        tg.start_soon(open_one)
+                assert len(writes) == 2  # the first start alone, the other four in one fsync
+                for session in sessions:
+                    reg.start(session)
+                    session.cancel()
+                with anyio.fail_after(5):
+                    await reg.wait_empty()
+    finally:
+        journal.close()
+    ends = [r for r in read_file(str(path)).records if not isinstance(r, SessionStart)]
+    assert sorted(e.id for e in ends) == sorted(s.id for s in sessions)
