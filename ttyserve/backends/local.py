@@ -124,7 +124,7 @@ class LocalProcess:
         self._stdin_fd: int | None = stdin_fd
         self._status: Exit | None = None
         self._watch: ExitWatch | None = None
-        self._wait_lock = anyio.Lock()
+        self._waiting: anyio.Event | None = None  # set when the task watching the child is done
         self._closed = False
         try:
             self._watch = watch(pid)
@@ -145,18 +145,29 @@ class LocalProcess:
             self._on_reaped(self.pid, status)
 
     async def wait(self) -> Exit:
-        async with self._wait_lock:
-            while self._status is None:
+        while self._status is None:
+            if self._waiting is not None:  # another task watches the child: wait for it
+                await self._waiting.wait()
+                continue
+            self._waiting = anyio.Event()
+            try:
                 assert self._watch is not None
                 await self._watch.wait()
-                try:
-                    raw = self._collect_status()
-                except OSError as exc:
-                    self._reaped(exit_from_wait_error(exc))
-                else:
-                    if raw is not None:
-                        self._reaped(exit_from_wait_status(raw))
-            return self._status
+                self._poll()
+            finally:
+                waiting, self._waiting = self._waiting, None
+                waiting.set()
+        return self._status
+
+    def _poll(self) -> None:
+        """Reap the child if it has exited (without waiting)."""
+        try:
+            raw = self._collect_status()
+        except OSError as exc:
+            self._reaped(exit_from_wait_error(exc))
+        else:
+            if raw is not None:
+                self._reaped(exit_from_wait_status(raw))
 
     @property
     def returned(self) -> bool:
@@ -241,8 +252,12 @@ class LocalProcess:
             self._closed = True
             if self._watch is not None:
                 self._watch.close()
+            stdin = self._stdin_fd
+            if stdin is not None:  # an input pump may wait to write: it is told
+                anyio.notify_closing(stdin)
+            # Nothing waits on the others now: the output is read from readiness callbacks
+            # the session has stopped, or by pumps that ended with it.
             for fd in self._fds():
-                anyio.notify_closing(fd)
                 os.close(fd)
 
     def _fds(self) -> list[int]:
@@ -412,3 +427,14 @@ class LocalBackend(ChildBackend):
     def _start_on_pipes(self, spec: ProcessSpec, executable: str, env: list[bytes], cwd: str,
                         stdio: tuple[int, int, int]) -> int:
         return spawn(executable, spec.argv, env, cwd, Stdio(fds=stdio))
+
+    def _prepare(self, spec: ProcessSpec) -> tuple[str, list[bytes], str]:
+        """As every backend prepares, except that a command found on the server's own PATH is
+        looked for by posix_spawnp in the child (no stat per PATH entry here)."""
+        cwd = spec.cwd or self.default_cwd
+        check_cwd(cwd)
+        env, path = self.environment.for_session(spec)
+        name = spec.argv[0]
+        if name and "/" not in name and path == self.environment.path:
+            return name, env, cwd  # spawn() searches PATH, as execvp would
+        return resolve_executable(name, path, cwd), env, cwd

@@ -9,6 +9,7 @@ a child in the server's own session (a child the embedding program spawned).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
@@ -52,8 +53,20 @@ def reap_orphans(session_leaders: Set[int]) -> int:
 
 
 async def run_orphan_reaper(session_leaders: Set[int]) -> None:
-    """Reap orphans whenever a child changes state, until cancelled."""
-    with anyio.open_signal_receiver(signal.SIGCHLD) as signals:
-        reap_orphans(session_leaders)
-        async for _ in signals:
+    """Reap orphans whenever a child changes state, until cancelled. On asyncio the loop's own
+    signal handler reaps them (no task step for each of the many SIGCHLDs sessions cause);
+    elsewhere a task does, on anyio's signal receiver."""
+    try:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGCHLD, reap_orphans, session_leaders)
+    except (RuntimeError, NotImplementedError):  # not asyncio, or no signals here
+        with anyio.open_signal_receiver(signal.SIGCHLD) as signals:
             reap_orphans(session_leaders)
+            async for _ in signals:
+                reap_orphans(session_leaders)
+        return
+    try:
+        reap_orphans(session_leaders)
+        await anyio.sleep_forever()
+    finally:
+        loop.remove_signal_handler(signal.SIGCHLD)

@@ -51,6 +51,8 @@ _INT = ctypes.c_int
 _PROTOTYPES: dict[str, tuple[list[Any], Any]] = {
     "posix_spawn": ([ctypes.POINTER(_INT), ctypes.c_char_p, _P, _P,
                      ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)], _INT),
+    "posix_spawnp": ([ctypes.POINTER(_INT), ctypes.c_char_p, _P, _P,
+                      ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)], _INT),
     "posix_spawn_file_actions_init": ([_P], _INT),
     "posix_spawn_file_actions_destroy": ([_P], _INT),
     "posix_spawn_file_actions_addchdir_np": ([_P, ctypes.c_char_p], _INT),
@@ -163,8 +165,9 @@ def spawn(
     With ``stdio.tty_path`` the child opens the terminal as fds 0-2 after
     setsid(), which makes it the controlling terminal. Descriptors from 3 up are
     closed in the child where glibc has addclosefrom_np; elsewhere only those
-    marked close-on-exec are (see the module docstring). Raises SpawnError
-    with the errno of a failed exec or chdir.
+    marked close-on-exec are (see the module docstring). An ``executable`` with
+    no slash is looked for on this process's PATH by the child, as execvp does
+    (posix_spawnp). Raises SpawnError with the errno of a failed exec or chdir.
     """
     if _libc is None:
         raise SpawnError(errnos.ENOSYS, "posix_spawn with chdir is not available here")
@@ -188,10 +191,14 @@ def spawn(
         c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
         c_env = (ctypes.c_char_p * (len(env) + 1))(*env, None)
         pid = ctypes.c_int(0)
-        result = libc.posix_spawn(
-            ctypes.byref(pid), os.fsencode(executable), actions, attr, c_argv, c_env)
+        searched = "/" not in executable
+        start = libc.posix_spawnp if searched else libc.posix_spawn
+        result = start(ctypes.byref(pid), os.fsencode(executable), actions, attr, c_argv, c_env)
         if result != 0:
-            raise SpawnError(result, f"{argv[0] if argv else executable}: {os.strerror(result)}")
+            name = argv[0] if argv else executable
+            if searched and result == errnos.ENOENT:
+                raise SpawnError(result, f"{name}: command not found")
+            raise SpawnError(result, f"{name}: {os.strerror(result)}")
         return pid.value
     finally:
         libc.posix_spawn_file_actions_destroy(actions)

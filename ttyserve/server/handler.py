@@ -35,7 +35,8 @@ from ..protocol.server import (
     ServerEvent,
     StdinReceived,
 )
-from ..transport.outbox import Outbox
+from ..transport.outbox import Outbox, TaskStarter
+from ..transport.readiness import ReadableService
 from ..transport.streams import PipeTransport, SocketTransport, Transport
 from ..version import __version__
 from .attachment import Attachment
@@ -55,13 +56,15 @@ class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
-                 tasks: anyio.abc.TaskGroup,
+                 tasks: TaskStarter,
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
         settings = registry.settings
         self.transport = transport
         # A socket or pipe is read from the loop's readiness callback after the handshake.
         self._socket = (transport if isinstance(transport, SocketTransport | PipeTransport)
                         else None)
+        self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
+        self._stopped = False  # the reader is to stop: the connection closes
         self.peer = peer
         self.registry = registry
         self.gate = gate
@@ -86,8 +89,8 @@ class ConnectionHandler:
             with anyio.CancelScope() as self._read_scope:
                 self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
                 await self._read_loop()
-            if self._read_scope.cancelled_caught and not self.core.handshake_done and (
-                    not self.core.closing):
+            if not self.core.handshake_done and not self.core.closing and (
+                    anyio.current_time() >= self._read_scope.deadline):
                 log.info("%s: no hello and open in time: dropped", self.peer)
                 self.core.close(RemoteProtocolError(
                     f"no {'open' if self.core.hello else 'hello'} within "
@@ -106,8 +109,7 @@ class ConnectionHandler:
             for attachment in list(self.attachments.values()):
                 self._leave(attachment)  # cancelled (a forced shutdown): as the client left
             self.outbox.close()
-            with anyio.CancelScope(shield=True):
-                await self.transport.aclose()
+            await self.transport.aclose()
             if self._on_closed is not None:
                 self._on_closed(self)  # after the close: "no handlers" means all closed
 
@@ -119,23 +121,40 @@ class ConnectionHandler:
             self._stop_reading()
 
     def _stop_reading(self) -> None:
-        if self._read_scope is not None:
+        """The connection is to close: the reader stops, woken where it waits for the client
+        (the common case, and no cancellation), else cancelled."""
+        self._stopped = True
+        if not self._service.wake() and self._read_scope is not None:
             self._read_scope.cancel()
 
     async def _close_gracefully(self) -> None:
         """Our EOF first, then drain theirs: closing on unread bytes would reset the
         connection and could destroy the last frames the client has not read yet.
         (TLS cannot half-close: there we only drain until the client closes.)"""
-        with anyio.move_on_after(CLOSE_TIMEOUT):
+        try:
             try:
-                try:
-                    await self.transport.send_eof(protocol_error=self.core.error is not None)
-                except NotImplementedError:
-                    pass
+                await self.transport.send_eof(protocol_error=self.core.error is not None)
+            except NotImplementedError:
+                pass
+            socket = self._socket
+            if socket is not None and await self._service.serve(
+                    socket.fileno(), self._discard, anyio.current_time() + CLOSE_TIMEOUT):
+                return
+            with anyio.move_on_after(CLOSE_TIMEOUT):
                 while True:
                     await self.transport.receive(SERVER_RECEIVE)
-            except (*_GONE, RemoteProtocolError):
-                pass
+        except (*_GONE, RemoteProtocolError):
+            pass
+
+    def _discard(self) -> bool:
+        """What the client still sends once we have closed our side: read and dropped,
+        until its EOF (False ends the drain)."""
+        assert self._socket is not None
+        try:
+            self._socket.receive_nowait(SERVER_RECEIVE)
+        except _GONE:
+            return False
+        return True
 
     # --- the attachments' host: the one place this connection's frames are made ---------
 
@@ -185,7 +204,7 @@ class ConnectionHandler:
 
     async def _read_loop(self) -> None:
         core = self.core
-        while not core.closing:
+        while not (core.closing or self._stopped):
             try:
                 data = await self._receive()
             except _GONE:
@@ -214,8 +233,8 @@ class ConnectionHandler:
         """The client's next bytes; None when the readiness callback read them and left this
         task the part that has to wait (`_later`, a full send queue, the close)."""
         socket = self._socket
-        if socket is not None and self.core.handshake_done and await socket.serve_readable(
-                self._readable):
+        if socket is not None and self.core.handshake_done and await self._service.serve(
+                socket.fileno(), self._readable):
             return None
         return await self.transport.receive(SERVER_RECEIVE)
 
@@ -225,7 +244,7 @@ class ConnectionHandler:
         the rest. What reading raises is raised in the task, as `receive` would."""
         core, socket = self.core, self._socket
         assert socket is not None
-        if core.closing:
+        if core.closing or self._stopped:
             return False
         data = socket.receive_nowait(SERVER_RECEIVE)
         if data is None:
@@ -241,7 +260,8 @@ class ConnectionHandler:
         except Exception as exc:  # a fault: raised in the task, as if it had acted
             self._later = functools.partial(_raise, exc)
         self.flush()
-        return self._later is None and not core.closing and self.outbox.has_room
+        return (self._later is None and not core.closing and not self._stopped
+                and self.outbox.has_room)
 
     def _act(self, event: ServerEvent) -> Later | None:
         """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""

@@ -24,6 +24,7 @@ from ..addresses import Address
 from ..backends.base import Backend
 from ..backends.local import ChildBackend, LocalBackend
 from ..protocol.server import ServerConnection
+from ..transport.readiness import ReadableService
 from ..transport.streams import (
     SocketByteStream,
     SocketTransport,
@@ -36,6 +37,7 @@ from .handler import ConnectionHandler
 from .journal import Journal
 from .registry import SessionRegistry, busy
 from .settings import ServerSettings
+from .tasks import Tasks, open_tasks
 
 if TYPE_CHECKING:
     from ..web.http import FrontDoor
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ttyserve")
 
 _ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
+_ACCEPT_BATCH = 16  # connections accepted at one readiness, before others have a turn
+_STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def ensure_children_reapable() -> None:
@@ -71,7 +75,7 @@ class Server:
         self.tls = tls
         self._connections = 0
         self._handlers_changed: anyio.Event | None = None  # made when the drain waits
-        self._connection_tasks: anyio.abc.TaskGroup | None = None
+        self._connection_tasks: Tasks | None = None
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
@@ -113,7 +117,7 @@ class Server:
         on_listening: Callable[[Address], None] | None,
         only: tuple[Transport, Peer] | None,
     ) -> bool:
-        async with anyio.create_task_group() as connections:
+        async with anyio.create_task_group() as group, open_tasks(group) as connections:
             self._connection_tasks = connections  # each connection's writer runs here too
             if only is not None:
                 connections.start_soon(self._serve_only, *only)
@@ -138,7 +142,7 @@ class Server:
                 self.forced = True
                 log.warning("shutdown forced: killing %d session(s) on %d connection(s)",
                             len(self.registry.sessions), len(self.handlers))
-                connections.cancel_scope.cancel()
+                connections.cancel()
         return not self.forced
 
     async def _wait_forced(self, scope: anyio.CancelScope) -> None:
@@ -161,19 +165,34 @@ class Server:
             self._handlers_changed.set()
 
     async def _accept_loop(self, listener: socket.socket, address: Address,
-                           connections: anyio.abc.TaskGroup) -> None:
+                           connections: Tasks) -> None:
+        """Accept from the loop's readiness callback where there is one (no task step per
+        connection), else waiting the ordinary way; back off while out of descriptors."""
+        service = ReadableService()
+        starved: list[OSError] = []
+
+        def acceptable() -> bool:
+            for _ in range(_ACCEPT_BATCH):
+                try:
+                    sock, _ = listener.accept()
+                except BlockingIOError:
+                    return True
+                except OSError as exc:
+                    if exc.errno in _STARVED:
+                        starved.append(exc)
+                        return False
+                    continue
+                connections.start_soon(self._serve_connection, sock, address)
+            return True
+
         while True:
-            await anyio.wait_readable(listener)
-            try:
-                sock, _ = listener.accept()
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("accept failed: %s; retrying", exc.strerror)
-                    await anyio.sleep(_ACCEPT_RETRY)
-                continue
-            connections.start_soon(self._serve_connection, sock, address)
+            if not await service.serve(listener.fileno(), acceptable):
+                await anyio.wait_readable(listener)
+                acceptable()
+            if starved:
+                log.warning("accept failed: %s; retrying", starved.pop().strerror)
+                starved.clear()
+                await anyio.sleep(_ACCEPT_RETRY)
 
     async def _serve_connection(self, sock: socket.socket, listener: Address) -> None:
         try:

@@ -28,6 +28,7 @@ from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
 from .recording import finish_recording, start_recording
 from .session import ServerSession
 from .settings import ServerSettings
+from .tasks import Tasks, open_tasks
 
 log = logging.getLogger("ttyserve")
 
@@ -67,6 +68,7 @@ class SessionRegistry:
         self.closing = False  # a graceful shutdown began: no new sessions
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._tasks: Tasks | None = None  # sessions and their input pumps run here
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
 
@@ -78,10 +80,11 @@ class SessionRegistry:
             self._task_group = tg
             tg.start_soon(self._sweep)
             try:
-                yield self
+                async with open_tasks(tg) as self._tasks:
+                    yield self
             finally:
                 tg.cancel_scope.cancel()
-                self._task_group = None
+                self._task_group = self._tasks = None
 
     # --- admission ----------------------------------------------------------------------
 
@@ -182,13 +185,13 @@ class SessionRegistry:
 
     def start(self, session: ServerSession) -> None:
         """Run an opened (and attached) session in the registry's task group."""
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        assert self._tasks is not None, "SessionRegistry.running() is not entered"
         self._running += 1
-        self._task_group.start_soon(self._run, session)
+        self._tasks.start_soon(self._run, session)
 
     def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
-        self._task_group.start_soon(work)
+        assert self._tasks is not None, "SessionRegistry.running() is not entered"
+        self._tasks.start_soon(work)
 
     async def _run(self, session: ServerSession) -> None:
         status: Exit | None = None

@@ -12,12 +12,21 @@ the process's output instead of growing our memory.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from .streams import MAX_IOVECS, Buffer, Transport
+
+
+class TaskStarter(Protocol):
+    """Where the writer task runs: an anyio task group, or anything that starts tasks alike."""
+
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> object:
+        ...
+
 
 DEFAULT_LIMIT = 1 << 20  # bytes queued per connection before producers wait
 BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
@@ -32,7 +41,7 @@ class Outbox:
         self.limit = limit
         self._on_broken = on_broken
         self._on_room = on_room  # told when the queue falls back to the limit
-        self._task_group: anyio.abc.TaskGroup | None = None
+        self._task_group: TaskStarter | None = None
         self._writing = False
         self.broken = False
         self._buffers: collections.deque[Buffer] = collections.deque()
@@ -42,7 +51,7 @@ class Outbox:
         self._done = False  # closed and flushed, or broken
         self._done_event: anyio.Event | None = None  # made only when someone waits for it
 
-    def attach(self, task_group: anyio.abc.TaskGroup) -> None:
+    def attach(self, task_group: TaskStarter) -> None:
         """Where the writer task runs when one is needed; call before the first `push`."""
         self._task_group = task_group
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections.abc import Callable
 
 
@@ -82,41 +83,70 @@ def watch_readable(fd: int, callback: Callable[[], None]) -> Watch | None:
     return watch
 
 
-async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
-    """Run ``callback`` from the loop each time ``fd`` is readable, until it returns False
-    (then return True) or raises (then raise it here, in the waiting task). The callback
-    must read, or return False: the loop asks again at once.
+class ReadableService:
+    """`serve_readable` for one task at a time, which can also be ended from outside (`wake`)
+    or at a deadline: the task waiting in it needs no cancel scope for either."""
 
-    Returns False at once where the running loop has no readiness callbacks: the caller
-    then waits the ordinary way. Cancelled, it stops watching before it returns.
-    """
-    loop = _running_loop()
-    if loop is None:
-        return False
-    done = loop.create_future()
+    __slots__ = ("_done",)
 
-    def readable() -> None:
-        if done.done():  # cancelled: the task has not removed us yet, and will
-            loop.remove_reader(fd)
-            return
-        try:
-            if callback():
+    def __init__(self) -> None:
+        self._done: asyncio.Future[None] | None = None
+
+    async def serve(self, fd: int, callback: Callable[[], bool],
+                    deadline: float = math.inf) -> bool:
+        """Run ``callback`` from the loop each time ``fd`` is readable, until it returns
+        False, `wake` is called or ``deadline`` (the loop's clock, anyio's current_time)
+        passes, then return True; what the callback raises is raised here, in the waiting
+        task. The callback must read, or return False: the loop asks again at once.
+
+        Returns False at once where the running loop has no readiness callbacks: the caller
+        then waits the ordinary way. Cancelled, it stops watching before it returns.
+        """
+        loop = _running_loop()
+        if loop is None:
+            return False
+        done = self._done = loop.create_future()
+
+        def readable() -> None:
+            if done.done():  # ended: the task has not removed us yet, and will
+                loop.remove_reader(fd)
                 return
-        except Exception as exc:  # raised in the task, as if it had met it there
+            try:
+                if callback():
+                    return
+            except Exception as exc:  # raised in the task, as if it had met it there
+                loop.remove_reader(fd)
+                if not done.done():
+                    done.set_exception(exc)
+                return
             loop.remove_reader(fd)
             if not done.done():
-                done.set_exception(exc)
-            return
-        loop.remove_reader(fd)
-        if not done.done():
-            done.set_result(None)
+                done.set_result(None)
 
-    try:
-        loop.add_reader(fd, _CALLBACK_CONTEXT.copy().run, readable)
-    except (NotImplementedError, PermissionError):  # a proactor loop; a regular file
-        return False
-    try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-    return True
+        try:
+            loop.add_reader(fd, _CALLBACK_CONTEXT.copy().run, readable)
+        except (NotImplementedError, PermissionError):  # a proactor loop; a regular file
+            self._done = None
+            return False
+        timer = loop.call_at(deadline, self.wake) if deadline < math.inf else None
+        try:
+            await done
+        finally:
+            self._done = None
+            loop.remove_reader(fd)
+            if timer is not None:
+                timer.cancel()
+        return True
+
+    def wake(self) -> bool:
+        """End the `serve` under way; False when none is."""
+        done = self._done
+        if done is None or done.done():
+            return False
+        done.set_result(None)
+        return True
+
+
+async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
+    """`ReadableService.serve` with no way to end it but the callback (or a cancel)."""
+    return await ReadableService().serve(fd, callback)

@@ -19,8 +19,6 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from .readiness import serve_readable
-
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
 
@@ -47,7 +45,9 @@ class Transport(Protocol):
         NotImplementedError where the transport cannot (TLS)."""
         ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release the connection; never cancelled half-way."""
+        ...
 
 
 def _broken(exc: OSError) -> anyio.BrokenResourceError:
@@ -91,10 +91,9 @@ class SocketTransport:
         """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`."""
         return _read_nowait(self.sock.recv, max_bytes)
 
-    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
-        """Have the loop run ``callback`` whenever the socket is readable, until it returns
-        False (readiness.py); False at once where it cannot."""
-        return not self._closed and await serve_readable(self.sock.fileno(), callback)
+    def fileno(self) -> int:
+        """The descriptor to watch for readiness (readiness.py); -1 once closed."""
+        return -1 if self._closed else self.sock.fileno()
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         if self._closed:
@@ -155,10 +154,9 @@ class PipeTransport:
             raise anyio.ClosedResourceError
         return _read_nowait(os.read, fd, max_bytes)
 
-    async def serve_readable(self, callback: Callable[[], bool]) -> bool:
-        """As `SocketTransport.serve_readable`, on the read side."""
-        fd = self.read_fd
-        return fd is not None and await serve_readable(fd, callback)
+    def fileno(self) -> int:
+        """The read side's descriptor, to watch for readiness; -1 once closed."""
+        return -1 if self.read_fd is None else self.read_fd
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         if self.write_fd is None:
@@ -257,7 +255,8 @@ class StreamTransport:
         await self.stream.send_eof()
 
     async def aclose(self) -> None:
-        await self.stream.aclose()
+        with anyio.CancelScope(shield=True):  # never cut short half-way
+            await self.stream.aclose()
 
 
 async def send_all(transport: Transport, data: bytes) -> None:

@@ -150,7 +150,8 @@ class WebSocketTransport:
             await self._send_event(CloseConnection(code=code))
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        with anyio.CancelScope(shield=True):  # never cut short half-way
+            await self._stream.aclose()
 
 
 async def open_client(stream: anyio.abc.ByteStream, host: str, path: str = "/ws",
