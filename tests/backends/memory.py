@@ -28,6 +28,7 @@ from ttyserve.backends.base import ProcessSpec, StreamInput, StreamSource
 from ttyserve.errors import SpawnError
 from ttyserve.exitcodes import exit_from_wait_error, exit_from_wait_status
 from ttyserve.protocol.messages import Exit
+from ttyserve.transport.readiness import Watch
 
 # Pids above Linux's PID_MAX_LIMIT (2**22): no real process or group has one, so
 # nothing that records them (the journal) can ever signal a real process by mistake.
@@ -168,6 +169,9 @@ class MemoryProcess:
         self.send_signal(signal.SIGHUP)
         self.send_signal(signal.SIGCONT)
         return running
+
+    def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
+        return None  # no descriptor: the session awaits `wait`
 
     async def wait(self) -> Exit:
         await self._ended.wait()

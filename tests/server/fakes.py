@@ -104,6 +104,9 @@ class FakeProcess:
         self.hung_up += 1
         return self.status is None
 
+    def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
+        return None  # the test says when it was reaped
+
     async def wait(self) -> Exit:
         raise AssertionError("no waiting in a test with no event loop")
 

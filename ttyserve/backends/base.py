@@ -130,6 +130,12 @@ class ProcessHandle(Protocol):
         group is hung up all the same). Raises nothing."""
         ...
 
+    def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
+        """Have the event loop reap the process the moment it exits and call ``reaped`` with
+        its status, from now until the watch is stopped; None where it cannot (then await
+        `wait`)."""
+        ...
+
     async def wait(self) -> Exit:
         """Reap the process and return its status as the wire `exit`.
 

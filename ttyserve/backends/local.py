@@ -27,7 +27,7 @@ from .base import ProcessSpec
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
-from .watch import ExitWatch, WatchFactory, open_exit_watch
+from .watch import ExitWatch, PidfdWatch, WatchFactory, open_exit_watch
 
 PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by default)
 _PIPE_DEFAULT = 64 * 1024
@@ -124,7 +124,8 @@ class LocalProcess:
         self._stdin_fd: int | None = stdin_fd
         self._status: Exit | None = None
         self._watch: ExitWatch | None = None
-        self._waiting: anyio.Event | None = None  # set when the task watching the child is done
+        self._watching = False  # a task waits on the watch now
+        self._watched: anyio.Event | None = None  # made when a second task waits for that one
         self._closed = False
         try:
             self._watch = watch(pid)
@@ -146,17 +147,20 @@ class LocalProcess:
 
     async def wait(self) -> Exit:
         while self._status is None:
-            if self._waiting is not None:  # another task watches the child: wait for it
-                await self._waiting.wait()
+            if self._watching:  # another task watches the child: wait until it is done
+                self._watched = self._watched or anyio.Event()
+                await self._watched.wait()
                 continue
-            self._waiting = anyio.Event()
+            self._watching = True
             try:
                 assert self._watch is not None
                 await self._watch.wait()
                 self._poll()
             finally:
-                waiting, self._waiting = self._waiting, None
-                waiting.set()
+                self._watching = False
+                watched, self._watched = self._watched, None
+                if watched is not None:
+                    watched.set()
         return self._status
 
     def _poll(self) -> None:
@@ -168,6 +172,24 @@ class LocalProcess:
         else:
             if raw is not None:
                 self._reaped(exit_from_wait_status(raw))
+
+    def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
+        """Have the loop reap the child the moment it exits (its pidfd's readiness) and hand
+        ``reaped`` its status; None where it cannot (no pidfd, no readiness callbacks, or
+        reaped already): `wait` then. Stop the watch before awaiting `wait`."""
+        fd = self._watch.fd if isinstance(self._watch, PidfdWatch) else None
+        if fd is None or self._status is not None:
+            return None
+
+        def exited() -> None:
+            self._poll()
+            if self._status is not None:
+                assert watch is not None
+                watch.stop()
+                reaped(self._status)
+
+        watch = watch_readable(fd, exited)
+        return watch
 
     @property
     def returned(self) -> bool:
@@ -370,6 +392,11 @@ class ChildBackend(ABC):
 
     async def spawn(self, spec: ProcessSpec) -> LocalProcess:
         """Start ``spec``; raises errors.SpawnError with an errno on failure."""
+        return self.spawn_nowait(spec)
+
+    def spawn_nowait(self, spec: ProcessSpec) -> LocalProcess:
+        """`spawn`, which waits for nothing here (posix_spawn returns once the child runs),
+        for callers that cannot wait (a connection's readiness callback)."""
         executable, env, cwd = self._prepare(spec)
         if not spec.pty:
             return self._spawn_pipe(spec, executable, env, cwd)

@@ -46,9 +46,9 @@ class PidfdWatch:
         await anyio.wait_readable(self.fd)
 
     def close(self) -> None:
+        """Nothing may wait on it any more (`LocalProcess.aclose` closes it once reaped)."""
         fd, self.fd = self.fd, None
         if fd is not None:
-            anyio.notify_closing(fd)
             os.close(fd)
 
 

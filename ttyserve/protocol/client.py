@@ -18,9 +18,9 @@ from .channels import Channel, ChannelState, ChannelTable, Credit, Step, next_st
 from .frames import (
     DEFAULT_MAX_FRAME,
     SERVER_KINDS,
-    Frame,
     FrameDecoder,
     FrameKind,
+    FrameQueue,
     encode_frame,
 )
 from .messages import (
@@ -119,7 +119,7 @@ class ClientConnection:
         self.hello_sent: Hello | None = None
         self.welcome: Welcome | None = None
         self._ended_by_server: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._frames: collections.deque[Frame] = collections.deque()
+        self._frames = FrameQueue()
         self.error: RemoteProtocolError | None = None  # the server broke the protocol
 
     # --- requests ---------------------------------------------------------------

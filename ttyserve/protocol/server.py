@@ -9,7 +9,6 @@ of the requests, and nothing is ever framed on a channel that has ended.
 
 from __future__ import annotations
 
-import collections
 import enum
 
 import msgspec
@@ -23,6 +22,7 @@ from .frames import (
     Frame,
     FrameDecoder,
     FrameKind,
+    FrameQueue,
     encode_frame,
 )
 from .messages import (
@@ -137,7 +137,7 @@ class ServerConnection:
         self.channels = ChannelTable()
         self._stdin_window = stdin_window
         self._decoder = FrameDecoder(max_frame)
-        self._frames: collections.deque[Frame] = collections.deque()
+        self._frames = FrameQueue()
         self._out: list[Buffer] = []
         self._session: int | None = None  # single-session: the channel that carries it
         self._undecided: int | None = None  # the `open` whose answer the I/O layer owes

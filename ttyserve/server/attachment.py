@@ -63,7 +63,7 @@ class Attachment:
         self.session = session
         self.live = True  # the gate: output and the exit go out once the replay has
         self.released = False  # the channel ended, or the session let go of it
-        self._replay: Chunks = collections.deque()
+        self._replay: Chunks | None = None  # what the replay has left to send
 
     @classmethod
     def attach(cls, host: ChannelHost, channel: int, session: ServerSession) -> Attachment:
@@ -72,7 +72,7 @@ class Attachment:
         ring = session.ring
         assert ring is not None, "only a detachable session can be attached"
         attachment = cls(host, channel, session)
-        attachment._replay.extend(ring.snapshot())
+        attachment._replay = collections.deque(ring.snapshot())
         attachment.live = False
         host.frame_attached(channel, Attached(session=session.id, pid=session.pid,
                                               pty=session.spec.pty, dropped=ring.dropped))
@@ -126,7 +126,7 @@ class Attachment:
             self.session.sink_ready()
             return
         host, channel, replay = self.host, self.channel, self._replay
-        while replay:
+        while replay:  # (None, or empty, once it is over)
             limit = host.output_limit(channel)
             if not limit:
                 return
@@ -138,5 +138,6 @@ class Attachment:
             else:
                 replay.popleft()
             host.send_output(channel, kind, data)
+        self._replay = None
         self.live = True
         self.session.sink_ready()

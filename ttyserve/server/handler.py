@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -49,6 +51,7 @@ log = logging.getLogger("ttyserve")
 
 SERVER_NAME = f"ttyserve/{__version__}"
 Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
+T = TypeVar("T")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
@@ -72,8 +75,10 @@ class ConnectionHandler:
                                      output_frame=OUTPUT_CHUNK)
         self.attachments: dict[int, Attachment] = {}
         self._handshake_timeout = settings.handshake_timeout
+        self._deadline = math.inf  # the handshake's, while it lasts
         self._on_closed = on_closed
-        self._read_scope: anyio.CancelScope | None = None
+        self._wait_scope: anyio.CancelScope | None = None  # a wait `_stop_reading` cuts short
+        self._first_read = True
         # The writer task, when one is needed, runs beside the connection's own.
         self.outbox = Outbox(transport, on_broken=self._stop_reading, on_room=self._room)
         self.outbox.attach(tasks)
@@ -86,11 +91,10 @@ class ConnectionHandler:
     async def run(self) -> None:
         """Serve until the client leaves, breaks the protocol, or its one session ends."""
         try:
-            with anyio.CancelScope() as self._read_scope:
-                self._read_scope.deadline = anyio.current_time() + self._handshake_timeout
-                await self._read_loop()
+            self._deadline = anyio.current_time() + self._handshake_timeout
+            await self._read_loop()
             if not self.core.handshake_done and not self.core.closing and (
-                    anyio.current_time() >= self._read_scope.deadline):
+                    anyio.current_time() >= self._deadline):
                 log.info("%s: no hello and open in time: dropped", self.peer)
                 self.core.close(RemoteProtocolError(
                     f"no {'open' if self.core.hello else 'hello'} within "
@@ -122,10 +126,22 @@ class ConnectionHandler:
 
     def _stop_reading(self) -> None:
         """The connection is to close: the reader stops, woken where it waits for the client
-        (the common case, and no cancellation), else cancelled."""
+        (the common case, and no cancellation), or cut short where it waits for anything
+        else."""
         self._stopped = True
-        if not self._service.wake() and self._read_scope is not None:
-            self._read_scope.cancel()
+        if not self._service.wake() and self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    async def _interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
+        """``wait``, unless `_stop_reading` or ``deadline`` cuts it short (then None)."""
+        with anyio.CancelScope(deadline=deadline) as self._wait_scope:
+            if self._stopped:
+                self._wait_scope.cancel()
+            try:
+                return await wait
+            finally:
+                self._wait_scope = None
+        return None
 
     async def _close_gracefully(self) -> None:
         """Our EOF first, then drain theirs: closing on unread bytes would reset the
@@ -204,7 +220,7 @@ class ConnectionHandler:
 
     async def _read_loop(self) -> None:
         core = self.core
-        while not (core.closing or self._stopped):
+        while not (core.closing or self._stopped or anyio.current_time() >= self._deadline):
             try:
                 data = await self._receive()
             except _GONE:
@@ -224,8 +240,8 @@ class ConnectionHandler:
                         await later()
             except RemoteProtocolError as exc:
                 log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-            if core.handshake_done and self._read_scope is not None:
-                self._read_scope.deadline = float("inf")
+            if core.handshake_done:
+                self._deadline = math.inf
             self.flush()
             await self.outbox.wait_for_room()
 
@@ -233,10 +249,15 @@ class ConnectionHandler:
         """The client's next bytes; None when the readiness callback read them and left this
         task the part that has to wait (`_later`, a full send queue, the close)."""
         socket = self._socket
-        if socket is not None and self.core.handshake_done and await self._service.serve(
-                socket.fileno(), self._readable):
-            return None
-        return await self.transport.receive(SERVER_RECEIVE)
+        if socket is not None:
+            if self._first_read:  # the client's hello (and open) are usually here already
+                self._first_read = False
+                if (data := socket.receive_nowait(SERVER_RECEIVE)) is not None:
+                    return data
+            if await self._service.serve(socket.fileno(), self._readable, self._deadline):
+                return None
+            self._socket = None  # no readiness callbacks on this loop: the ordinary way
+        return await self._interruptibly(self.transport.receive(SERVER_RECEIVE), self._deadline)
 
     def _readable(self) -> bool:
         """The keystroke path, run by the event loop when the socket is readable: read, act
@@ -271,7 +292,7 @@ class ConnectionHandler:
                 session = attachment.session
                 self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
                 if session.stdin.full and not self.core.windowed:
-                    return session.stdin.wait_room
+                    return lambda: self._interruptibly(session.stdin.wait_room())
         elif isinstance(event, CreditGranted):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:
@@ -284,7 +305,8 @@ class ConnectionHandler:
                 else:
                     attachment.session.control(event.message)
         elif isinstance(event, OpenRequested):
-            return functools.partial(self._open, event)
+            if not self._open_now(event):
+                return functools.partial(self._open, event)
         elif isinstance(event, AttachRequested):
             self._attach(event)
         elif isinstance(event, CancelRequested):  # the core has ended the channel
@@ -297,16 +319,19 @@ class ConnectionHandler:
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
-            return functools.partial(self._hello, event)
+            if self.gate.delay(self.peer):
+                return functools.partial(self._hello, event)
+            self._answer_hello(event)
         return None
 
     async def _hello(self, event: HelloReceived) -> None:
+        """A peer that keeps guessing waits longer each time (and has as long more)."""
         delay = self.gate.delay(self.peer)
-        if delay and self._read_scope is not None:
-            deadline = self._read_scope.deadline
-            self._read_scope.deadline = float("inf")  # the deadline must not cut the brake short
-            await anyio.sleep(delay)  # a peer that keeps guessing waits longer each time
-            self._read_scope.deadline = deadline + delay
+        await self._interruptibly(anyio.sleep(delay))
+        self._deadline += delay
+        self._answer_hello(event)
+
+    def _answer_hello(self, event: HelloReceived) -> None:
         try:
             self.principal = self.gate.admit(self.peer, event.hello.token)
         except RequestError as exc:
@@ -317,16 +342,31 @@ class ConnectionHandler:
             return
         self.core.accept_hello(SERVER_NAME)
 
-    async def _open(self, event: OpenRequested) -> None:
-        channel = event.channel
+    def _open_now(self, event: OpenRequested) -> bool:
+        """Answer an `open` that needs no waiting (no journal to write first); False when it
+        has to be awaited (`_open`)."""
         try:
-            if self._draining:
-                raise shutting_down()
+            session = self.registry.open_nowait(event.request, self.principal, str(self.peer),
+                                                len(self.attachments))
+        except RequestError as exc:
+            self.core.refuse(event.channel, exc)
+            return True
+        if session is None:
+            return False
+        self._opened(event.channel, session)
+        return True
+
+    async def _open(self, event: OpenRequested) -> None:
+        try:
             session = await self.registry.open(event.request, self.principal, str(self.peer),
                                                len(self.attachments))
         except RequestError as exc:
-            self.core.refuse(channel, exc)
+            self.core.refuse(event.channel, exc)
             return
+        self._opened(event.channel, session)
+
+    def _opened(self, channel: int, session: ServerSession) -> None:
+        """`opened`, and the session runs, attached to ``channel``."""
         attachment = Attachment(self, channel, session)
         self.attachments[channel] = attachment
         session.attach(attachment)

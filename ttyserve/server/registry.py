@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ..backends.base import Backend, ProcessSpec
+from ..backends.base import Backend, ProcessHandle, ProcessSpec
 from ..errors import ErrorCode, RequestError
 from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo
 from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
@@ -47,6 +47,12 @@ def shutting_down() -> RequestError:
 def _members(status: Exit) -> dict[str, object]:
     """The members of an `exit` message, as `list` gives them."""
     return {k: v for k, v in msgspec.structs.asdict(status).items() if v is not None}
+
+
+def _spawn_failed(exc: OSError, peer: str) -> RequestError:
+    log.info("%s: spawn failed: %s", peer, exc)
+    return RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
+                        errno=exc.errno or errno.EIO)
 
 
 def new_session_id() -> str:
@@ -115,6 +121,41 @@ class SessionRegistry:
         """Admit and spawn a session, its start record on disk before it is returned (so
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
+        spec = self._admit_open(request, peer, sessions_here)
+        session_id = new_session_id()
+        try:
+            process = await self.backend.spawn(spec)
+        except OSError as exc:
+            failure = exc.errno
+            await self._record(lambda journal: journal.append(
+                journal.start_record(session_id, peer, spec.argv, spec.pty, None),
+                SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
+                           errno=failure)))
+            raise _spawn_failed(exc, peer) from exc
+        session = self._session(session_id, process, spec, owner, peer, request.detachable)
+        # Shielded: a cancel now must not leave a process without its record, nor its owner.
+        session.recorded = await self._record(lambda journal: journal.append(
+            journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+        return self._admitted(session)
+
+    def open_nowait(self, request: Open, owner: str, peer: str,
+                    sessions_here: int) -> ServerSession | None:
+        """`open` where nothing has to be awaited (no journal, and a backend with
+        `spawn_nowait`): the session, or RequestError as `open` raises; None when the open
+        has to be awaited."""
+        spawn_nowait = getattr(self.backend, "spawn_nowait", None)
+        if self.journal is not None or spawn_nowait is None:
+            return None
+        spec = self._admit_open(request, peer, sessions_here)
+        try:
+            process = spawn_nowait(spec)
+        except OSError as exc:
+            raise _spawn_failed(exc, peer) from exc
+        return self._admitted(
+            self._session(new_session_id(), process, spec, owner, peer, request.detachable))
+
+    def _admit_open(self, request: Open, peer: str, sessions_here: int) -> ProcessSpec:
+        """What an `open` runs, once admitted: RequestError when it may not."""
         settings = self.settings
         self.admit(sessions_here)
         if request.detachable and not settings.keeps_detached:
@@ -125,31 +166,23 @@ class SessionRegistry:
         except RequestError as exc:
             log.warning("%s: %s: %s", peer, exc.code, exc.message)
             raise
-        spec = self.spec_for(request)
-        session_id = new_session_id()
-        try:
-            process = await self.backend.spawn(spec)
-        except OSError as exc:
-            log.info("%s: spawn failed: %s", peer, exc)
-            failure = exc.errno
-            await self._record(lambda journal: journal.append(
-                journal.start_record(session_id, peer, spec.argv, spec.pty, None),
-                SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
-                           errno=failure)))
-            raise RequestError(ErrorCode.SPAWN_FAILED, str(exc.strerror or exc),
-                               errno=exc.errno or errno.EIO) from exc
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        return self.spec_for(request)
+
+    def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
+                 peer: str, detachable: bool) -> ServerSession:
         session = ServerSession(session_id, process, spec, peer, self._start_task,
-                                linger=settings.linger, owner=owner,
-                                scrollback=settings.scrollback if request.detachable else None)
+                                linger=self.settings.linger, owner=owner,
+                                scrollback=self.settings.scrollback if detachable else None)
         session.on_delivered = lambda: self._forget(session)
-        # Shielded: a cancel now must not leave a process without its record, nor its owner.
-        session.recorded = await self._record(lambda journal: journal.append(
-            journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+        return session
+
+    def _admitted(self, session: ServerSession) -> ServerSession:
+        settings = self.settings
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
         if settings.record_dir is not None:
             start_recording(session, settings.record_dir, settings.record_input,
                             self._task_group)
-        self.sessions[session_id] = session
+        self.sessions[session.id] = session
         return session
 
     def attach(self, request: Attach, owner: str, sessions_here: int) -> ServerSession:
@@ -187,7 +220,7 @@ class SessionRegistry:
         """Run an opened (and attached) session in the registry's task group."""
         assert self._tasks is not None, "SessionRegistry.running() is not entered"
         self._running += 1
-        self._tasks.start_soon(self._run, session)
+        self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
 
     def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         assert self._tasks is not None, "SessionRegistry.running() is not entered"
@@ -200,6 +233,8 @@ class SessionRegistry:
         except Exception:  # one session's bug must not take the server down
             log.exception("session %s failed", session.id)
         finally:
+            if session.fault is not None:
+                log.error("session %s failed: %r", session.id, session.fault)
             session.stdin.close()
             if status is None and session.sink is not None:
                 session.sink.lost()  # a fault: the channel ends with exit -1 all the same

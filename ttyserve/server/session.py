@@ -13,6 +13,7 @@ up, killed after a grace, reaped, and nothing more is sent.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
@@ -108,6 +109,9 @@ class ServerSession:
         self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
         self._stderr_watch: Watch | None = None
         self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
+        self._exit_watch: Watch | None = None  # the loop reaps the process (its pidfd)
+        self._over: asyncio.Future[None] | None = None  # the task's wait, with callbacks
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._status: Exit | None = None  # the process's, once reaped
         self._exit_sent = False
 
@@ -148,6 +152,14 @@ class ServerSession:
         self._cancelled = True
         if self._scope is not None:
             self._scope.cancel()
+
+    def cancel_scope(self) -> anyio.CancelScope:
+        """The scope the session's task runs in: cancelling it is the cancel path (made when
+        the task is, since a scope needs the running loop)."""
+        self._scope = anyio.CancelScope()
+        if self._cancelled:
+            self._scope.cancel()
+        return self._scope
 
     def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
         """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
@@ -212,6 +224,7 @@ class ServerSession:
             if self._settled is not None:
                 self._settled.set()
             self._offer_exit()
+            self._wake_if_over()
 
     def pump_failed(self, error: Exception) -> None:
         self.fault = error
@@ -220,31 +233,29 @@ class ServerSession:
 
     # --- the one task -----------------------------------------------------------------
 
-    async def run(self) -> Exit | None:
-        """Reap the process, read its output to the end, offer the exit; the status, or None
-        when the session was cancelled (killed and reaped, nothing more sent). Raises what
-        broke the session's own code."""
+    async def run(self) -> Exit:
+        """Reap the process, read its output to the end, offer the exit; the status. Run
+        within `cancel_scope`, whose cancellation is the cancel path: the process is killed
+        and reaped, nothing more is sent, and the cancellation goes on up (a fault of the
+        session's own code, `fault`, cancels it too)."""
         try:
-            with anyio.CancelScope() as self._scope:
-                if self._cancelled:
-                    self._scope.cancel()
-                tasks = self.start_output()
-                if tasks:  # no readiness callbacks here: the pumps wait in tasks of their own
-                    async with anyio.create_task_group() as group:
-                        for pump in tasks:
-                            group.start_soon(pump.run)
-                        status = await self._run()
-                else:
-                    status = await self._run()
-                return status
-            if self.fault is not None:
-                raise self.fault
-            return None
+            tasks = self.start_output()
+            if not tasks:
+                return await self._run()
+            async with anyio.create_task_group() as group:  # no readiness callbacks here:
+                for pump in tasks:  # the pumps wait in tasks of their own
+                    group.start_soon(pump.run)
+                status = await self._run()
+            return status
         finally:
             self._stop_pumps()
             await self.process.aclose()
 
     async def _run(self) -> Exit:
+        if self._over is not None:  # the loop reaps it and runs the linger: wait for both
+            await self._over
+            assert self._status is not None
+            return self._status
         self.reaped(await self.process.wait())
         if self._open_streams:
             with anyio.move_on_after(self._linger):
@@ -259,9 +270,26 @@ class ServerSession:
         return self._status
 
     def reaped(self, status: Exit) -> None:
-        """The process has ended with ``status``: the exit goes once the output has."""
+        """The process has ended with ``status``: the exit goes once the output has (within
+        the linger grace, where the loop keeps time for the session)."""
         self._status = status
+        if self._open_streams and self._over is not None:
+            self._linger_timer = asyncio.get_running_loop().call_later(
+                self._linger, self._linger_over)
         self._offer_exit()
+        self._wake_if_over()
+
+    def _linger_over(self) -> None:
+        """The linger ran out: each stream sends what is buffered now, then stops."""
+        if self.process.stderr is not None:
+            self._stderr_pump()
+        for pump in self._pumps:
+            pump.last_chunk()
+
+    def _wake_if_over(self) -> None:
+        over = self._over
+        if over is not None and self.output_over and not over.done():
+            over.set_result(None)
 
     @property
     def output_over(self) -> bool:
@@ -302,9 +330,13 @@ class ServerSession:
         self._settled = None
 
     def start_output(self) -> list[OutputPump]:
-        """Watch the output streams; the pumps that need a task of their own (none where
-        the loop calls back on readiness). Stderr's pump is made once stderr is readable."""
+        """Watch the output streams and the process's exit; the pumps that need a task of
+        their own (none where the loop calls back on readiness). Stderr's pump is made once
+        stderr is readable."""
         process = self.process
+        self._exit_watch = process.watch_exit(self.reaped)
+        if self._exit_watch is not None:
+            self._over = asyncio.get_running_loop().create_future()
         tasks = []
         stdout = OutputPump(self, process.stdout, FrameKind.STDOUT)
         self._pumps.append(stdout)
@@ -335,6 +367,10 @@ class ServerSession:
         self._stderr_pump().readable()
 
     def _stop_pumps(self) -> None:
+        if self._exit_watch is not None:
+            self._exit_watch.stop()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         for pump in self._pumps:
             pump.stop()
         if self._stderr_watch is not None:

@@ -23,6 +23,8 @@ Consumed = Callable[[int], None]  # input the process took later, for credit: it
 StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
 _CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+# Shared and never added to: an empty deque costs 600 bytes, and most input is taken at once.
+_NOTHING_QUEUED: collections.deque[bytes | Eof] = collections.deque()
 
 
 class StdinQueue:
@@ -44,7 +46,7 @@ class StdinQueue:
         self._process = process
         self._consumed = consumed  # told of what the input pump writes
         self._start_task = start_task
-        self._queue: collections.deque[bytes | Eof] = collections.deque()
+        self._queue = _NOTHING_QUEUED  # a deque of its own once something waits
         self._queued = 0  # bytes in the queue
         self._room: anyio.Event | None = None  # made only when a feeder has to wait
         self._broken = False  # the process closed its input, or the session is over
@@ -102,6 +104,8 @@ class StdinQueue:
         self._wake_feeders()
 
     def _append(self, item: bytes | Eof) -> None:
+        if self._queue is _NOTHING_QUEUED:
+            self._queue = collections.deque()
         self._queue.append(item)
         if isinstance(item, bytes):
             self._queued += len(item)

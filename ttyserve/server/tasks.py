@@ -38,18 +38,22 @@ class Tasks:
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def start_soon(self, work: Work, *args: object) -> None:
-        """Run ``work(*args)`` in a task of its own; what it raises is logged (the work of a
+    def start_soon(self, work: Work, *args: object,
+                   scope: anyio.CancelScope | None = None) -> None:
+        """Run ``work(*args)`` in a task of its own, within ``scope`` (a new cancel scope if
+        none is given: the one that cancels the task); what it raises is logged (the work of a
         session or a connection catches its own faults: this is a last resort)."""
+        scope = scope or anyio.CancelScope()
         if self._loop is None:
-            self._group.start_soon(work, *args)
+            self._group.start_soon(self._run, work, args, scope)
             return
-        task = self._loop.create_task(self._run(work, args))
+        task = self._loop.create_task(self._run(work, args, scope))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, work: Work, args: tuple[object, ...]) -> None:
-        with anyio.CancelScope() as scope:
+    async def _run(self, work: Work, args: tuple[object, ...], scope: anyio.CancelScope,
+                   ) -> None:
+        with scope:
             if self._closed:
                 scope.cancel()
             self._scopes.add(scope)
