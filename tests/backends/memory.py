@@ -178,6 +178,9 @@ class MemoryProcess:
         assert self._status is not None
         return self._status
 
+    def release(self) -> None:
+        raise AssertionError("never on callbacks alone: the session awaits aclose")
+
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if self._closed:

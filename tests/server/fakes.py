@@ -113,6 +113,9 @@ class FakeProcess:
     async def aclose(self) -> None:
         pass
 
+    def release(self) -> None:
+        pass
+
 
 def make_session(*, pty: bool = False, detachable: bool = True, session_id: str = "s1",
                  owner: str = "uid:0", watchable: bool = False,

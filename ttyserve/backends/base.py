@@ -150,6 +150,11 @@ class ProcessHandle(Protocol):
         half-way; raises nothing."""
         ...
 
+    def release(self) -> None:
+        """`aclose` of a process that was reaped already: nothing to wait for (a session
+        ended from a readiness callback). Idempotent."""
+        ...
+
 
 class Backend(Protocol):
     """Starts processes for sessions."""

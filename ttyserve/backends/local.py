@@ -122,6 +122,7 @@ class LocalProcess:
         self.stdout = stdout
         self.stderr = stderr
         self._stdin_fd: int | None = stdin_fd
+        self._stdin_waited = False  # an input pump waited for stdin to take more
         self._status: Exit | None = None
         self._watch: ExitWatch | None = None
         self._watching = False  # a task waits on the watch now
@@ -240,6 +241,7 @@ class LocalProcess:
             written = self.write_nowait(view)
             if not written:
                 assert self._stdin_fd is not None
+                self._stdin_waited = True  # aclose must tell a waiter that it closed
                 await anyio.wait_writable(self._stdin_fd)
             view = view[written:]
 
@@ -266,16 +268,20 @@ class LocalProcess:
         return status
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            if self._closed:
-                return
-            if not self.returned:
+        if not self.returned:
+            with anyio.CancelScope(shield=True):
                 await self.end_group()
+        self.release()
+
+    def release(self) -> None:
+        """Release the descriptors of a child that was reaped (idempotent)."""
+        assert self.returned, "release() before the child was reaped: aclose() it"
+        if not self._closed:
             self._closed = True
             if self._watch is not None:
                 self._watch.close()
             stdin = self._stdin_fd
-            if stdin is not None:  # an input pump may wait to write: it is told
+            if stdin is not None and self._stdin_waited:  # an input pump may wait to write
                 anyio.notify_closing(stdin)
             # Nothing waits on the others now: the output is read from readiness callbacks
             # the session has stopped, or by pumps that ended with it.

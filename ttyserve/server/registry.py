@@ -9,6 +9,7 @@ group, so a session can outlive the connection that opened it.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import math
 import secrets
@@ -60,6 +61,18 @@ def new_session_id() -> str:
     return secrets.token_urlsafe(16)
 
 
+class JournalIds:
+    """Ids for sessions no client can name (not detachable): unique, not secret, so cheap:
+    this server's random prefix and a count (the journal outlives the server)."""
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_urlsafe(9) + "."
+        self._count = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count)}"
+
+
 class SessionRegistry:
     """Every live session of one server, by id."""
 
@@ -77,6 +90,7 @@ class SessionRegistry:
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
+        self._journal_id = JournalIds()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionRegistry]:
@@ -122,7 +136,7 @@ class SessionRegistry:
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
         spec = self._admit_open(request, peer, sessions_here)
-        session_id = new_session_id()
+        session_id = self._new_id(request.detachable)
         try:
             process = await self.backend.spawn(spec)
         except OSError as exc:
@@ -152,7 +166,13 @@ class SessionRegistry:
         except OSError as exc:
             raise _spawn_failed(exc, peer) from exc
         return self._admitted(
-            self._session(new_session_id(), process, spec, owner, peer, request.detachable))
+            self._session(self._new_id(request.detachable), process, spec, owner, peer,
+                          request.detachable))
+
+    def _new_id(self, detachable: bool) -> str:
+        """A detachable session's id names it to whoever attaches: unguessable. Another's
+        only tells its records apart."""
+        return new_session_id() if detachable else self._journal_id()
 
     def _admit_open(self, request: Open, peer: str, sessions_here: int) -> ProcessSpec:
         """What an `open` runs, once admitted: RequestError when it may not."""
@@ -220,35 +240,66 @@ class SessionRegistry:
         """Run an opened (and attached) session in the registry's task group."""
         assert self._tasks is not None, "SessionRegistry.running() is not entered"
         self._running += 1
-        self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
+        if not session.start(self._session_over):
+            self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
 
     def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         assert self._tasks is not None, "SessionRegistry.running() is not entered"
         self._tasks.start_soon(work)
 
     async def _run(self, session: ServerSession) -> None:
+        """A session's task, where the loop has no readiness callbacks for all of it."""
         status: Exit | None = None
         try:
             status = await session.run()
         except Exception:  # one session's bug must not take the server down
             log.exception("session %s failed", session.id)
         finally:
-            if session.fault is not None:
-                log.error("session %s failed: %r", session.id, session.fault)
-            session.stdin.close()
-            if status is None and session.sink is not None:
-                session.sink.lost()  # a fault: the channel ends with exit -1 all the same
-            await finish_recording(session)  # its exit, then the file closed: never raises
-            if session.recorded:
-                await self._record(lambda journal: journal.append(
-                    self._end_record(journal, session, status)))
-            if session.pending_exit is None:  # else kept for the next attach, in bounded memory
-                self._forget(session)
-            else:
-                self.deadline_moved()
-            self._running -= 1  # after the end record: "none running" means all written
-            if not self._running and self._emptied is not None:
-                self._emptied.set()
+            await self._end(session, status)
+
+    def _session_over(self, session: ServerSession, status: Exit | None) -> None:
+        """A session on readiness callbacks alone is over (``status``), or must be ended
+        (None: cancelled, a fault). What is left is done at once when nothing has to be
+        awaited, else in a task: the kill and the reap, the recording, the journal."""
+        if status is not None and not session.recorded and not session.observers:
+            session.close()
+            self._ending(session, status)
+            self._ended(session)
+        else:
+            assert self._tasks is not None, "SessionRegistry.running() is not entered"
+            self._tasks.start_soon(self._finish, session, status, scope=session.cancel_scope())
+
+    async def _finish(self, session: ServerSession, status: Exit | None) -> None:
+        try:
+            await session.aclose()
+        finally:
+            await self._end(session, status)
+
+    async def _end(self, session: ServerSession, status: Exit | None) -> None:
+        """What a session leaves behind: its channel's end, its recording, its end record."""
+        self._ending(session, status)
+        await finish_recording(session)  # its exit, then the file closed: never raises
+        if session.recorded:
+            await self._record(lambda journal: journal.append(
+                self._end_record(journal, session, status)))
+        self._ended(session)
+
+    @staticmethod
+    def _ending(session: ServerSession, status: Exit | None) -> None:
+        if session.fault is not None:
+            log.error("session %s failed: %r", session.id, session.fault)
+        session.stdin.close()
+        if status is None and session.sink is not None:
+            session.sink.lost()  # a fault: the channel ends with exit -1 all the same
+
+    def _ended(self, session: ServerSession) -> None:
+        if session.pending_exit is None:  # else kept for the next attach, in bounded memory
+            self._forget(session)
+        else:
+            self.deadline_moved()
+        self._running -= 1  # after the end record: "none running" means all written
+        if not self._running and self._emptied is not None:
+            self._emptied.set()
 
     @staticmethod
     def _end_record(journal: Journal, session: ServerSession, status: Exit | None,

@@ -75,6 +75,9 @@ class OutputObserver(Protocol):
     def exited(self, status: Exit) -> None: ...
 
 
+Ended = Callable[["ServerSession", Exit | None], None]
+
+
 class ServerSession:
     """One process the server runs, and what outlives any one connection to it."""
 
@@ -110,7 +113,8 @@ class ServerSession:
         self._stderr_watch: Watch | None = None
         self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
         self._exit_watch: Watch | None = None  # the loop reaps the process (its pidfd)
-        self._over: asyncio.Future[None] | None = None  # the task's wait, with callbacks
+        self._pump_tasks: list[OutputPump] = []  # pumps with no readiness callbacks
+        self._ended: Ended | None = None  # on callbacks alone: told once it is over
         self._linger_timer: asyncio.TimerHandle | None = None
         self._status: Exit | None = None  # the process's, once reaped
         self._exit_sent = False
@@ -150,8 +154,16 @@ class ServerSession:
         """End the session now: kill and reap its processes, send nothing more."""
         self.ending = self.ending or reason
         self._cancelled = True
+        self._end_now()
+
+    def _end_now(self) -> None:
+        """Cancelled, or a fault: its task's scope is cancelled; a session on callbacks alone
+        tells the registry, which ends it (with no status)."""
         if self._scope is not None:
             self._scope.cancel()
+        elif (ended := self._ended) is not None:
+            self._ended = None
+            ended(self, None)
 
     def cancel_scope(self) -> anyio.CancelScope:
         """The scope the session's task runs in: cancelling it is the cancel path (made when
@@ -224,38 +236,59 @@ class ServerSession:
             if self._settled is not None:
                 self._settled.set()
             self._offer_exit()
-            self._wake_if_over()
+            self._tell_if_over()
 
     def pump_failed(self, error: Exception) -> None:
         self.fault = error
-        if self._scope is not None:
-            self._scope.cancel()
+        self._end_now()
 
-    # --- the one task -----------------------------------------------------------------
+    # --- the life cycle -----------------------------------------------------------------
+
+    def start(self, ended: Ended) -> bool:
+        """Watch the output streams and the exit. True when the loop's readiness callbacks do
+        all of it: the session needs no task while it runs, and ``ended`` is told once its
+        output is over and its exit offered (with the status), or once it must be ended
+        (cancelled, a fault: with None). False when part of it has no callbacks here: the
+        session then runs in a task of its own (`run`)."""
+        self._pump_tasks = self.start_output()
+        if self._pump_tasks or self._exit_watch is None:
+            return False
+        self._ended = ended
+        if self._cancelled:
+            self._end_now()
+        else:
+            self._tell_if_over()
+        return True
 
     async def run(self) -> Exit:
-        """Reap the process, read its output to the end, offer the exit; the status. Run
+        """The session's task, where the loop has no callbacks for all of it (`start` said
+        so): reap the process, read its output to the end, offer the exit; the status. Run
         within `cancel_scope`, whose cancellation is the cancel path: the process is killed
         and reaped, nothing more is sent, and the cancellation goes on up (a fault of the
         session's own code, `fault`, cancels it too)."""
         try:
-            tasks = self.start_output()
-            if not tasks:
+            if not self._pump_tasks:
                 return await self._run()
-            async with anyio.create_task_group() as group:  # no readiness callbacks here:
-                for pump in tasks:  # the pumps wait in tasks of their own
+            async with anyio.create_task_group() as group:  # the pumps wait in tasks of
+                for pump in self._pump_tasks:  # their own
                     group.start_soon(pump.run)
                 status = await self._run()
             return status
         finally:
-            self._stop_pumps()
-            await self.process.aclose()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """The session is over, or ended: no more callbacks; the process is killed if it
+        still runs, reaped, and its descriptors released."""
+        self._stop_pumps()
+        await self.process.aclose()
+
+    def close(self) -> None:
+        """`aclose` of a session over on callbacks alone, its process reaped: no waiting."""
+        self._stop_pumps()
+        self.process.release()
 
     async def _run(self) -> Exit:
-        if self._over is not None:  # the loop reaps it and runs the linger: wait for both
-            await self._over
-            assert self._status is not None
-            return self._status
         self.reaped(await self.process.wait())
         if self._open_streams:
             with anyio.move_on_after(self._linger):
@@ -273,11 +306,11 @@ class ServerSession:
         """The process has ended with ``status``: the exit goes once the output has (within
         the linger grace, where the loop keeps time for the session)."""
         self._status = status
-        if self._open_streams and self._over is not None:
+        if self._open_streams and self._ended is not None:  # the loop keeps the time
             self._linger_timer = asyncio.get_running_loop().call_later(
                 self._linger, self._linger_over)
         self._offer_exit()
-        self._wake_if_over()
+        self._tell_if_over()
 
     def _linger_over(self) -> None:
         """The linger ran out: each stream sends what is buffered now, then stops."""
@@ -286,10 +319,10 @@ class ServerSession:
         for pump in self._pumps:
             pump.last_chunk()
 
-    def _wake_if_over(self) -> None:
-        over = self._over
-        if over is not None and self.output_over and not over.done():
-            over.set_result(None)
+    def _tell_if_over(self) -> None:
+        if self.output_over and (ended := self._ended) is not None:
+            self._ended = None
+            ended(self, self._status)
 
     @property
     def output_over(self) -> bool:
@@ -335,8 +368,6 @@ class ServerSession:
         stderr is readable."""
         process = self.process
         self._exit_watch = process.watch_exit(self.reaped)
-        if self._exit_watch is not None:
-            self._over = asyncio.get_running_loop().create_future()
         tasks = []
         stdout = OutputPump(self, process.stdout, FrameKind.STDOUT)
         self._pumps.append(stdout)
