@@ -429,7 +429,7 @@ class TtyserveLibSystem(TtyserveSystem):
     name = "ttyserve-lib"
 
     def _connect(self, transport: str, **kwargs: Any) -> Any:
-        from ttyserve.client.connection import connect
+        from ttyserve.client import connect
 
         if self.server.token is not None and "token" in inspect.signature(connect).parameters:
             kwargs["token"] = self.server.token

@@ -21,7 +21,7 @@ import anyio.abc
 
 from ttyserve.addresses import Address
 from ttyserve.backends.base import Backend
-from ttyserve.client.connection import Connection
+from ttyserve.client import Connection
 from ttyserve.client.dial import open_transport
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object

@@ -23,7 +23,7 @@ from helpers import (
     wait_until,
 )
 
-from ttyserve.client.connection import Connection, Session, connect
+from ttyserve.client import Connection, Session, connect
 from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
 from ttyserve.protocol.messages import Attach, Detach, Open, SessionInfo
 from ttyserve.server.journal import SessionAttach, SessionDetach, SessionEnd, read_file

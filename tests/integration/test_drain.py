@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import SH, ServerProcess
 
-from ttyserve.client.connection import connect
+from ttyserve.client import connect
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 LINGER = 1.0  # what the server_process fixture is started with

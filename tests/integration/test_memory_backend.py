@@ -15,7 +15,7 @@ import pytest
 from backends.memory import open_memory_backend
 from helpers import running_server
 
-from ttyserve.client.connection import connect
+from ttyserve.client import connect
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from helpers import SH, RawPeer, ServerProcess, ctrl, raw_peer, split_output
 
-from ttyserve.client.connection import connect
+from ttyserve.client import connect
 from ttyserve.protocol.frames import Frame, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Open, Window
 

@@ -7,7 +7,7 @@ import errno
 import pytest
 from helpers import HELLO, ServerProcess, ctrl, raw_peer, split_output
 
-from ttyserve.client.connection import run
+from ttyserve.client import run
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Open
 

@@ -20,7 +20,7 @@ import pyte
 import pytest
 from helpers import SH, ServerProcess, children_of, kill_group, start_server
 
-from ttyserve.client.connection import Session, connect
+from ttyserve.client import Session, connect
 from ttyserve.errors import ConnectionLost, SessionDetached
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Exit

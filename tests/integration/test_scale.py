@@ -9,7 +9,7 @@ import anyio
 import pytest
 from helpers import SH, open_fds, running_server, wait_until, zombie_children
 
-from ttyserve.client.connection import run
+from ttyserve.client import run
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
 
@@ -45,7 +45,7 @@ async def test_500_back_to_back_and_200_at_once(sock_path: Path) -> None:
 
 
 async def test_cancel_and_disconnect_leak_nothing(sock_path: Path) -> None:
-    from ttyserve.client.connection import connect
+    from ttyserve.client import connect
 
     async with running_server(sock_path) as (server, address):
         await run(["true"], address=address)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers import SH, ServerProcess
 
-from ttyserve.client.connection import Session, connect, run
+from ttyserve.client import Session, connect, run
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

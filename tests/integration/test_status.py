@@ -10,7 +10,7 @@ import pytest
 from helpers import SH, ServerProcess, running_server
 
 from ttyserve.backends.local import LocalBackend, PipeProcess
-from ttyserve.client.connection import connect, run
+from ttyserve.client import connect, run
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

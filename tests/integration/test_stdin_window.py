@@ -10,7 +10,7 @@ import anyio
 import pytest
 from helpers import SH, ServerProcess
 
-from ttyserve.client.connection import connect
+from ttyserve.client import connect
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 TOTAL = 50 << 20

@@ -14,7 +14,7 @@ import trustme
 from helpers import RawPeer, ServerProcess, ctrl, start_server
 
 from ttyserve.addresses import Address
-from ttyserve.client.connection import client_tls_context, run
+from ttyserve.client import client_tls_context, run
 from ttyserve.client.dial import open_transport
 from ttyserve.errors import RequestError
 from ttyserve.protocol.messages import Hello, parse_object

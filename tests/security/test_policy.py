@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import ServerProcess, start_server
 
-from ttyserve.client.connection import run
+from ttyserve.client import run
 from ttyserve.errors import RequestError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]

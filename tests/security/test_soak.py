@@ -16,7 +16,8 @@ import anyio
 import pytest
 from helpers import SH, children_of, open_fds, rss_kib, start_server
 
-from ttyserve.client.connection import ConnectionLost, connect, run
+from ttyserve.client import connect, run
+from ttyserve.errors import ConnectionLost
 from ttyserve.exitcodes import ServeExit
 
 SOAK_SECONDS = float(os.environ.get("TTYSERVE_SOAK_SECONDS", "15"))

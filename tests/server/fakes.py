@@ -11,7 +11,15 @@ from collections.abc import Callable
 
 from ttyserve.backends.base import ProcessSpec
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind
-from ttyserve.protocol.messages import Attached, Exit, Hello, Open, encode_message, parse_object
+from ttyserve.protocol.messages import (
+    Attached,
+    Exit,
+    Hello,
+    Open,
+    Opened,
+    encode_message,
+    parse_object,
+)
 from ttyserve.protocol.server import HelloReceived, OpenRequested, ServerConnection
 from ttyserve.server.attachment import Attachment
 from ttyserve.server.session import ServerSession
@@ -160,7 +168,7 @@ class Wire:
         channel = self.open_channel(session.spec.pty)
         attachment = Attachment(self, channel, session)
         session.attach(attachment)
-        assert self.core.opened(channel, session.pid)
+        assert self.core.opened(channel, Opened(pid=session.pid))
         return attachment
 
     def frames(self) -> list[Frame]:

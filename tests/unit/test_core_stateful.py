@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.protocol.client import ClientConnection
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind
-from ttyserve.protocol.messages import Exit, Hello, Open, Window, parse_object
+from ttyserve.protocol.messages import Exit, Hello, Open, Opened, Window, parse_object
 from ttyserve.protocol.server import OpenRequested, ServerConnection, StdinReceived
 
 OUTPUT_WINDOW = 64
@@ -97,7 +97,7 @@ class CoresMachine(RuleBasedStateMachine):
         while (event := self.server.next_event()) is not None:
             if isinstance(event, OpenRequested):
                 if self.decisions.pop(0):
-                    self.server.opened(event.channel, event.channel)
+                    self.server.opened(event.channel, Opened(pid=event.channel))
                 else:
                     self.server.refuse(event.channel, RequestError(ErrorCode.BUSY, "no"))
             elif isinstance(event, StdinReceived):

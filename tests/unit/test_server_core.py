@@ -11,7 +11,7 @@ from helpers import HELLO, ctrl
 from ttyserve.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from ttyserve.protocol.channels import ChannelState
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
-from ttyserve.protocol.messages import Exit, Hello, Open, Resize, Window, parse_object
+from ttyserve.protocol.messages import Exit, Hello, Open, Opened, Resize, Window, parse_object
 from ttyserve.protocol.server import (
     CancelRequested,
     ControlReceived,
@@ -46,7 +46,7 @@ def events(core: ServerConnection, data: bytes = b"", admit: bool = True) -> lis
             core.accept_hello("test")
         elif isinstance(event, OpenRequested):
             if admit:
-                core.opened(event.channel, 100 + event.channel)
+                core.opened(event.channel, Opened(pid=100 + event.channel))
             else:
                 core.refuse(event.channel, RequestError(ErrorCode.BUSY, "full"))
     return out
@@ -69,7 +69,7 @@ def test_hello_then_pipelined_open_and_stdin() -> None:
     assert isinstance(core.next_event(), OpenRequested)
     with pytest.raises(LocalProtocolError, match="opened"):
         core.next_event()  # answers keep request order: the open is answered first
-    assert core.opened(1, 7)
+    assert core.opened(1, Opened(pid=7))
     assert core.next_event() == StdinReceived(1, b"hi")
     assert [c for _, c in controls(core)] == [
         {"type": "welcome", "protocol": 1, "server": "test", "max_frame": 1 << 20},
@@ -113,7 +113,7 @@ def test_frames_before_a_protocol_error_are_acted_on() -> None:
     assert isinstance(core.next_event(), HelloReceived)
     core.accept_hello("t")
     assert isinstance(core.next_event(), OpenRequested)
-    core.opened(1, 5)
+    core.opened(1, Opened(pid=5))
     with pytest.raises(RemoteProtocolError):
         core.next_event()
 
@@ -228,7 +228,7 @@ def test_what_the_protocol_forbids_is_refused_locally() -> None:
         core.send_output(1, FrameKind.STDOUT, b"before opened")
     with pytest.raises(LocalProtocolError, match="not allowed"):
         core.send_exit(1, Exit(code=0))
-    core.opened(1, 5)
+    core.opened(1, Opened(pid=5))
     with pytest.raises(LocalProtocolError, match="STDERR"):
         core.send_output(1, FrameKind.STDERR, b"a PTY has no stderr")
     with pytest.raises(LocalProtocolError, match="never opened"):
@@ -305,7 +305,7 @@ def test_answers_keep_the_order_of_the_requests() -> None:
             if event.channel == 2:
                 core.refuse(2, RequestError(ErrorCode.FORBIDDEN, "not this"))
             else:
-                core.opened(event.channel, 9)
+                core.opened(event.channel, Opened(pid=9))
     assert [(ch, c["type"], c.get("code")) for ch, c in controls(core)] == [
         (1, "error", "unknown_message"), (2, "error", "forbidden"), (1, "error", "bad_request"),
         (3, "opened", None), (1, "error", "channel_in_use")]  # channel 2 ended: discarded

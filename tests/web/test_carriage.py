@@ -26,7 +26,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from ttyserve.client.connection import client_tls_context, connect, run
+from ttyserve.client import client_tls_context, connect, run
 from ttyserve.errors import RequestError
 from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame

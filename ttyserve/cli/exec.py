@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Awaitable
 import anyio
 import anyio.abc
 
-from ..client.connection import Session, connect
+from ..client.api import connect
 from ..client.retry import RETRIED
+from ..client.session import Session
 from ..credentials import tls_context
 from ..errors import (
     ConfigError,

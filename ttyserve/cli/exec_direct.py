@@ -177,7 +177,7 @@ def _open(options: ExecOptions, signals: _Signals) -> _Session:
                 while (event := session.core.next_event()) is not None:
                     if isinstance(event, OpenedReceived):
                         signals.opening = False  # from now on signals are the session's
-                        session.pid = event.pid
+                        session.pid = event.opened.pid
                         return session
                     if isinstance(event, (OpenRefused, ErrorReceived)):
                         raise request_error(event.error)

@@ -13,7 +13,7 @@ import anyio
 import msgspec
 
 from ..addresses import Address
-from ..client.connection import connect
+from ..client.api import connect
 from ..credentials import tls_context
 from ..errors import TtyserveError
 from ..exitcodes import ExecExit, ServeExit

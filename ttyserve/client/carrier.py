@@ -28,6 +28,7 @@ from ..errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResour
 from ..exitcodes import ExecExit, ServeExit, signal_name
 from ..lines import LineBuffer, write_all
 from ..transport.streams import PipeTransport
+from .background import beside
 
 STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
@@ -219,20 +220,14 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
     os.set_blocking(stderr_fd, False)
     carrier = Carrier(address, process, PipeTransport(pipes[1][0], pipes[0][1]), stderr_fd,
                       on_stderr)
-    failure: BaseException | None = None
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(carrier._pump_stderr)
+        async with beside() as tasks:
+            tasks.start_soon(carrier._pump_stderr)
             try:
                 yield carrier
-            except BaseException as exc:  # re-raised below, unwrapped by the task group
-                failure = exc
             finally:
                 # cancelled before `welcome` (Ctrl-C while ssh connects): end it at once
                 await carrier.end(EXIT_GRACE if carrier.welcomed else NO_WELCOME_GRACE)
-                tg.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
     finally:
         with anyio.CancelScope(shield=True):
             await carrier.transport.aclose()

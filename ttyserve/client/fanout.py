@@ -39,8 +39,10 @@ from ..errors import (
 )
 from ..exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from ..protocol.messages import Exit, SignalName
-from .connection import Session, connect
+from .api import connect
+from .background import beside
 from .retry import backoff, retriable
+from .session import Session
 
 EVENT_BUFFER = 64  # events waiting for the consumer before targets wait for it
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
@@ -272,17 +274,9 @@ async def fan_out(
     job = _Job(list(argv), dict(env or {}), cwd, token, tls, retries, remote_command)
     send, receive = anyio.create_memory_object_stream[Event](EVENT_BUFFER)
     fan = FanOut(job, resolve_targets(targets), parallel, send, receive)
-    failure: BaseException | None = None
-    async with receive, anyio.create_task_group() as tg:
-        tg.start_soon(fan._run)
-        try:
-            yield fan
-        except BaseException as exc:  # re-raised below, unwrapped by the task group
-            failure = exc
-        finally:
-            tg.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    async with receive, beside() as tasks:
+        tasks.start_soon(fan._run)
+        yield fan
 
 
 async def run_many(

@@ -53,8 +53,7 @@ class WelcomeReceived(msgspec.Struct, frozen=True):
 
 class OpenedReceived(msgspec.Struct, frozen=True):
     channel: int
-    pid: int
-    session: str | None = None  # a detachable session's id
+    opened: Opened
 
 
 class AttachedReceived(msgspec.Struct, frozen=True):
@@ -304,7 +303,7 @@ class ClientConnection:
                 f"{msg_type!r} on channel {channel} while it is {record.state.value}")
         self.channels.step(channel, step)
         if isinstance(message, Opened):
-            return OpenedReceived(channel, message.pid, message.session)
+            return OpenedReceived(channel, message)
         if isinstance(message, Attached):
             record.pty = message.pty
             return AttachedReceived(channel, message)

@@ -106,6 +106,7 @@ class Opened(Message, tag="opened"):
     pid: int
     argv: list[str] | None = None  # what runs (the server's default when `open` had none)
     session: str | None = None  # a detachable session's id (section 9)
+    pty: bool | None = None  # whether it runs under a PTY (what the server did, not asked)
 
 
 class Attached(Message, tag="attached"):

@@ -381,14 +381,13 @@ class ServerConnection:
             self.error = error
         self.stage = Stage.CLOSING
 
-    def opened(self, channel: int, pid: int, argv: list[str] | None = None,
-               session: str | None = None) -> bool:
-        """Frame `opened` (with the command that runs, and a detachable session's id);
+    def opened(self, channel: int, answer: Opened) -> bool:
+        """Answer `open` with `opened` (the command that runs, a detachable session's id);
         False when the connection closed meanwhile."""
         if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
             return False
         self._decided(channel)
-        self._frame_control(channel, Opened(pid=pid, argv=argv, session=session))
+        self._frame_control(channel, answer)
         return True
 
     def attached(self, channel: int, answer: Attached) -> bool:

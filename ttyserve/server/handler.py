@@ -23,7 +23,7 @@ import anyio.abc
 from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE
 from ..errors import ErrorCode, RemoteProtocolError, RequestError
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Attached, Eof, Exit, Sessions
+from ..protocol.messages import Attached, Eof, Exit, Opened, Sessions
 from ..protocol.server import (
     AttachRequested,
     CancelRequested,
@@ -39,7 +39,7 @@ from ..protocol.server import (
 )
 from ..transport.outbox import Outbox, TaskStarter
 from ..transport.readiness import ReadableService
-from ..transport.streams import PipeTransport, SocketTransport, Transport
+from ..transport.streams import PipeTransport, SocketTransport, Transport, close_gracefully
 from ..version import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
@@ -107,8 +107,9 @@ class ConnectionHandler:
             # The session's last frames go out however slowly the client reads;
             # a client that never reads holds only its own connection.
             await self.outbox.wait_done()
-            if not self.outbox.broken:
-                await self._close_gracefully()
+            if not self.outbox.broken:  # (a WebSocket says 1002 after a protocol error)
+                await close_gracefully(self.transport, CLOSE_TIMEOUT, functools.partial(
+                    self.transport.send_eof, protocol_error=self.core.error is not None))
         finally:
             for attachment in list(self.attachments.values()):
                 self._leave(attachment)  # cancelled (a forced shutdown): as the client left
@@ -143,34 +144,6 @@ class ConnectionHandler:
                 self._wait_scope = None
         return None
 
-    async def _close_gracefully(self) -> None:
-        """Our EOF first, then drain theirs: closing on unread bytes would reset the
-        connection and could destroy the last frames the client has not read yet.
-        (TLS cannot half-close: there we only drain until the client closes.)"""
-        try:
-            try:
-                await self.transport.send_eof(protocol_error=self.core.error is not None)
-            except NotImplementedError:
-                pass
-            socket = self._socket
-            if socket is not None and await self._service.serve(
-                    socket.fileno(), self._discard, anyio.current_time() + CLOSE_TIMEOUT):
-                return
-            with anyio.move_on_after(CLOSE_TIMEOUT):
-                while True:
-                    await self.transport.receive(SERVER_RECEIVE)
-        except (*_GONE, RemoteProtocolError):
-            pass
-
-    def _discard(self) -> bool:
-        """What the client still sends once we have closed our side: read and dropped,
-        until its EOF (False ends the drain)."""
-        assert self._socket is not None
-        try:
-            self._socket.receive_nowait(SERVER_RECEIVE)
-        except _GONE:
-            return False
-        return True
 
     # --- the attachments' host: the one place this connection's frames are made ---------
 
@@ -371,8 +344,9 @@ class ConnectionHandler:
         self.attachments[channel] = attachment
         session.attach(attachment)
         self.registry.start(session)
-        if not self.core.opened(channel, session.pid, session.spec.argv,
-                                session.id if session.detachable else None):
+        if not self.core.opened(channel, Opened(
+                pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
+                session=session.id if session.detachable else None)):
             self.attachments.pop(channel, None)  # the connection closed meanwhile
             attachment.released = True
             session.cancel()

@@ -30,6 +30,7 @@ from ..transport.streams import (
     SocketTransport,
     StreamTransport,
     Transport,
+    close_gracefully,
     send_all,
 )
 from .auth import Gate, Peer, peer_of
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ttyserve")
 
 _ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
+_REFUSAL_TIME = 1.0  # seconds a refused connection has to read its `busy`
 _ACCEPT_BATCH = 16  # connections accepted at one readiness, before others have a turn
 _STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -294,15 +296,13 @@ async def refuse_busy(transport: Transport, limit: int) -> None:
     """Answer `busy` on channel 0 to a connection over the limit, then close it."""
     core = ServerConnection()
     core.close(busy(f"the server has its maximum of {limit} connections"))
-    with anyio.move_on_after(1):
+    with anyio.move_on_after(_REFUSAL_TIME):
         try:
             await send_all(transport, b"".join(core.data_to_send()))
-            await transport.send_eof()
-            while True:
-                await transport.receive(4096)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                OSError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
+        else:
+            await close_gracefully(transport, _REFUSAL_TIME)
     await transport.aclose()
 
 

@@ -10,14 +10,18 @@ loses or splits data: bytes are either in the kernel or still the caller's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import anyio
 import anyio.abc
+
+from ..errors import RemoteProtocolError
+from .readiness import ReadableService
 
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
@@ -257,6 +261,51 @@ class StreamTransport:
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):  # never cut short half-way
             await self.stream.aclose()
+
+
+class Closable(Protocol):
+    """What a graceful close needs: a half-close and reads (a Transport, an anyio stream)."""
+
+    async def send_eof(self) -> None: ...
+
+    async def receive(self, max_bytes: int) -> bytes: ...
+
+
+_DRAIN_READ = 64 * 1024
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError,
+         RemoteProtocolError)
+
+
+async def close_gracefully(stream: Closable, timeout: float,
+                           send_eof: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Our EOF (``send_eof``, else the stream's), then the peer's bytes read and dropped until
+    its EOF, for ``timeout`` seconds at most: closing on unread bytes would reset the
+    connection and could destroy what the peer has not read yet. (TLS cannot half-close:
+    there we only drain.) A socket or pipe is drained from the loop's readiness callback.
+    Raises nothing."""
+    try:
+        try:
+            await (send_eof or stream.send_eof)()
+        except NotImplementedError:
+            pass
+        if isinstance(stream, SocketTransport | PipeTransport) and await ReadableService(
+                ).serve(stream.fileno(), functools.partial(_discard, stream),
+                        anyio.current_time() + timeout):
+            return
+        with anyio.move_on_after(timeout):
+            while True:
+                await stream.receive(_DRAIN_READ)
+    except _GONE:
+        pass
+
+
+def _discard(stream: SocketTransport | PipeTransport) -> bool:
+    """Read and drop what arrived; False at the peer's EOF (or an error)."""
+    try:
+        stream.receive_nowait(_DRAIN_READ)
+    except _GONE:
+        return False
+    return True
 
 
 async def send_all(transport: Transport, data: bytes) -> None:

@@ -10,7 +10,6 @@ never read: nothing here takes one.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from wsproto.events import AcceptConnection, Request
 from wsproto.utilities import RemoteProtocolError as WsRemoteError
 
 from ..addresses import Address, is_loopback
+from ..transport.streams import close_gracefully
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
 
@@ -219,13 +219,10 @@ async def _refuse(conn: h11.Connection, stream: anyio.abc.ByteStream, refusal: R
         try:
             await _send(conn, stream, refusal.status, body, _TYPES[""], None,
                         [("Connection", "close"), *refusal.headers])
-            with contextlib.suppress(NotImplementedError):
-                await stream.send_eof()
-            while await stream.receive(READ_SIZE):
-                pass
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                OSError, h11.LocalProtocolError):
-            pass
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
+                h11.LocalProtocolError):
+            return
+        await close_gracefully(stream, DRAIN_TIME)
 
 
 def content_security_policy(host: str | None) -> str:

@@ -1,0 +1,301 @@
+"""One remote process, as the client library sees it: its output to iterate, its input, its end.
+
+A session's seam to its connection is small both ways. The connection hands it every event
+of its channel through one method, `feed`; the session asks the connection for frames on
+its channel through a `Link`. Neither reaches into the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import anyio
+
+from ..errors import (
+    ConnectionLost,
+    LocalProtocolError,
+    RemoteProtocolError,
+    SessionCancelled,
+    SessionDetached,
+)
+from ..protocol.client import (
+    AttachedReceived,
+    DetachedReceived,
+    ErrorReceived,
+    ExitReceived,
+    OpenedReceived,
+    OpenRefused,
+    OutputReceived,
+    StdinCreditGranted,
+)
+from ..protocol.frames import FrameKind
+from ..protocol.messages import (
+    Detach,
+    Detached,
+    Eof,
+    Error,
+    Exit,
+    Message,
+    Resize,
+    Signal,
+    SignalName,
+    request_error,
+)
+
+SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """Bytes a session wrote: ``stream`` tells stdout from stderr (PTY: always stdout)."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class ConnectionEnded:
+    """The connection ended (or broke) before the session did: ``error`` says how."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+SessionEvent = (
+    OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
+    | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded
+)
+_Item = OutputChunk | Exit | Detached | Error | Exception
+
+
+class Link(Protocol):
+    """What a session asks of its connection: frames on its own channel."""
+
+    def stdin_limit(self, channel: int) -> int:
+        """The most the next STDIN frame may carry; 0 to wait for credit (or ended)."""
+        ...
+
+    def live(self, channel: int) -> bool:
+        """Whether the channel has not ended on either side."""
+        ...
+
+    async def send_stdin(self, channel: int, data: bytes) -> None:
+        """Send one STDIN frame (within `stdin_limit`). Raises ConnectionLost (or what
+        ended the connection)."""
+        ...
+
+    async def send_control(self, channel: int, message: Message) -> None:
+        """Send `resize`, `signal`, `eof` or `detach` on the channel."""
+        ...
+
+    async def cancel(self, channel: int) -> None:
+        """End the channel here (`cancel`): nothing more is delivered for it."""
+        ...
+
+    async def consumed(self, channel: int, size: int) -> None:
+        """The application took ``size`` bytes of output: grant them back when due."""
+        ...
+
+
+class Session:
+    """One remote process. Iterate it for output; `status` is set once `exit` arrived."""
+
+    def __init__(self, link: Link, channel: int, *, windowed: bool) -> None:
+        self._link = link
+        self.channel = channel
+        self.pid: int | None = None
+        self.id: str | None = None  # a detachable session's id: what `attach` takes
+        self.argv: list[str] | None = None  # what runs, as the server said
+        self.pty: bool | None = None  # whether it runs under a PTY, as the server said
+        self.dropped = 0  # for an attached session: output lost from its ring before
+        self.status: Exit | None = None
+        self.detached: Detached | None = None  # the channel ended, the session goes on
+        self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
+        self._answered = anyio.Event()
+        self._refusal: Exception | None = None
+        # With a window, credit bounds what waits here, and a session nobody reads must not
+        # stop the connection's reader (and so every other session); without one, the queue
+        # is what pushes back.
+        self._send, self._receive = anyio.create_memory_object_stream[_Item](
+            math.inf if windowed else SESSION_QUEUE)
+        self._cancelled = False
+        self._lost: Exception | None = None  # why the connection ended, once it has
+        self._credit: anyio.Event | None = None  # made only when stdin has to wait
+
+    async def wait_answered(self) -> None:
+        """Until the server answered the `open` or `attach`; raises its refusal (or what
+        ended the connection first)."""
+        await self._answered.wait()
+        if self._refusal is not None:
+            raise self._refusal
+
+    # --- input --------------------------------------------------------------
+
+    async def send(self, data: bytes) -> None:
+        """Write to the process's stdin (or type into its terminal).
+
+        Split into frames the server takes; on a windowed connection this waits
+        for STDIN credit, as the server grants it while the process reads.
+        """
+        link, channel = self._link, self.channel
+        view = memoryview(data)
+        while view:
+            size = link.stdin_limit(channel)
+            if not size:
+                if not link.live(channel):
+                    return  # the session ended: what is left has nowhere to go
+                credit = self._credit = self._credit or anyio.Event()
+                await credit.wait()
+                if self._lost is not None:
+                    raise self._lost
+                continue
+            await link.send_stdin(channel, bytes(view[:size]))
+            view = view[size:]
+
+    async def eof(self) -> None:
+        """End of input: pipe stdin closed, or the terminal's EOF character."""
+        await self._control(Eof())
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._control(Resize(rows=rows, cols=cols))
+
+    async def signal(self, name: SignalName) -> None:
+        """Send a signal by name without `SIG` (`INT`, `TERM`, ...)."""
+        await self._control(Signal(name=name))
+
+    async def detach(self) -> None:
+        """Ask to leave a detachable session running. Output that came before the server's
+        `detached` is still delivered; then the iteration ends with SessionDetached (or
+        normally, if the process ended first)."""
+        if self.id is None:
+            raise LocalProtocolError("this session is not detachable (spawn it with "
+                                     "detachable=True)")
+        if self.status is None and self.detached is None and not self._cancelled:
+            await self._control(Detach())
+
+    async def cancel(self) -> None:
+        """End the session now: the server kills the process group; no `exit` follows."""
+        if self.status is None and not self._cancelled:
+            self._cancelled = True
+            self._send.close()
+            self._wake_sender()
+            await self._link.cancel(self.channel)
+
+    async def _control(self, message: Message) -> None:
+        if self._link.live(self.channel):  # else ended: there is no one to tell
+            await self._link.send_control(self.channel, message)
+
+    # --- output -------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        chunk = await self.receive()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def receive(self) -> OutputChunk | None:
+        """The next output chunk, or None once the `exit` arrived (see `status`).
+
+        Raises ConnectionLost if the connection ended first, RemoteProtocolError
+        if the server broke the protocol, SessionCancelled after `cancel`,
+        SessionDetached once the channel ended with the session going on (a `detach`,
+        or another client that attached with steal).
+        """
+        while True:
+            if self.status is not None:
+                return None
+            if self.detached is not None:
+                raise SessionDetached(self.detached.reason)
+            try:
+                item = await self._receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise self._lost or SessionCancelled("the session was cancelled") from None
+            if isinstance(item, OutputChunk):
+                with contextlib.suppress(ConnectionLost, RemoteProtocolError):  # told later
+                    await self._link.consumed(self.channel, len(item.data))
+                return item
+            if isinstance(item, Exit):
+                self.status = item
+                return None
+            if isinstance(item, Detached):
+                self.detached = item
+                continue
+            if isinstance(item, Exception):
+                raise item
+            self.errors.append(item)
+
+    async def wait(self) -> Exit:
+        """Discard remaining output and return the exit status."""
+        while await self.receive() is not None:
+            pass
+        assert self.status is not None
+        return self.status
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Leaving the block ends a session still running: a detachable one is detached
+        (it goes on), any other is cancelled."""
+        if self.status is None and self.detached is None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await (self.detach() if self.id is not None else self.cancel())
+
+    # --- the seam: every event of the channel, from the connection's reader ----------
+
+    async def feed(self, event: SessionEvent) -> None:
+        """Take one event of this session's channel (the connection's reader calls this);
+        it waits only while the output queue is full (no window: that is the push-back)."""
+        if isinstance(event, OutputReceived):
+            stream: Literal["stdout", "stderr"] = (
+                "stderr" if event.kind is FrameKind.STDERR else "stdout")
+            await self._queue(OutputChunk(stream, event.data))
+        elif isinstance(event, StdinCreditGranted):
+            self._wake_sender()
+        elif isinstance(event, OpenedReceived):
+            opened = event.opened
+            self.pid, self.id, self.argv = opened.pid, opened.session, opened.argv
+            if opened.pty is not None:  # (a server that does not say: what was asked)
+                self.pty = opened.pty
+            self._answered.set()
+        elif isinstance(event, AttachedReceived):
+            attached = event.attached
+            self.pid, self.id, self.pty = attached.pid, attached.session, attached.pty
+            self.dropped = attached.dropped
+            self._answered.set()
+        elif isinstance(event, OpenRefused):
+            self._refusal = request_error(event.error)
+            self._answered.set()
+        elif isinstance(event, ExitReceived):
+            self._wake_sender()
+            await self._queue(event.exit)
+        elif isinstance(event, DetachedReceived):
+            self._wake_sender()
+            await self._queue(Detached(reason=event.reason))
+        elif isinstance(event, ErrorReceived):
+            await self._queue(event.error)
+        elif isinstance(event, ConnectionEnded):
+            self._lost = event.error  # raised once what was received is taken
+            if not self._answered.is_set():
+                self._refusal = event.error
+                self._answered.set()
+            self._send.close()
+            self._wake_sender()
+
+    async def _queue(self, item: _Item) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._send.send(item)
+
+    def _wake_sender(self) -> None:
+        if self._credit is not None:
+            self._credit.set()
+            self._credit = None
+
