@@ -48,7 +48,7 @@ async def running_server(
 ) -> AsyncIterator[tuple[Server, str]]:
     """A real server on a Unix socket in this process; shut down gracefully on exit.
     ``settings_given`` are more of its ServerSettings."""
-    settings = ServerSettings(default_argv=command or [SH], linger=linger,
+    settings = ServerSettings(command=command or [SH], linger=linger,
                               shutdown_timeout=shutdown_timeout, **settings_given)
     server = Server(settings, backend=backend)
     leases: list[SocketLease] = []

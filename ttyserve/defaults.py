@@ -13,6 +13,10 @@ DEFAULT_SCROLLBACK = 1 << 20  # bytes of output a detachable session keeps (sect
 DEFAULT_DETACHED_TIMEOUT = 24 * 3600.0  # seconds a detached session waits for an attach
 DEFAULT_REMOTE_COMMAND = "ttyserve"  # what a carrier runs on the far side, with serve --stdio
 DEFAULT_PARALLEL = 32  # targets a fan-out runs on at once
+DEFAULT_STDIN_WINDOW = 1 << 20  # STDIN credit per channel on windowed connections (section 7)
+DEFAULT_MAX_ARGV_BYTES = 256 * 1024  # the largest argv an `open` may carry
+DEFAULT_MAX_ENV_BYTES = 256 * 1024  # the largest env an `open` may carry
+DEFAULT_MAX_CWD_BYTES = 4096  # the longest cwd (PATH_MAX)
 CLIENT_NAME = f"ttyserve-python/{__version__}"  # what our clients call themselves in `hello`
 
 # What each read takes, and the bounds of what waits in memory, by what it serves.
@@ -22,5 +26,11 @@ SERVER_RECEIVE = 64 * 1024  # one read of a client connection: under glibc's 128
 # threshold (a larger buffer, cut to the keystroke it got, was mapped and unmapped each time)
 CLIENT_RECEIVE = 1 << 20  # one read of the client library's connection to a server
 STDIN_READ = 64 * 1024  # one read of `exec`'s own stdin
+HTTP_RECEIVE = 64 * 1024  # one read of a web listener's request (its head is 16 KiB at most)
+WEBSOCKET_RECEIVE = 256 * 1024  # one read under the WebSocket carriage, both sides
+DRAIN_RECEIVE = 64 * 1024  # one read of what a peer still sends while a connection closes
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
+OUTBOX_LIMIT = 1 << 20  # bytes queued for a connection before its producers wait
+KILL_GRACE = 1.0  # seconds between a session's hang-up (SIGHUP) and SIGKILL when it is ended
+BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`
 CLOSE_TIMEOUT = 2.0  # seconds a server sends its EOF and drains the client's bytes at the end

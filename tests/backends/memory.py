@@ -25,6 +25,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ttyserve.backends.base import ProcessSpec, StreamInput, StreamSource
+from ttyserve.defaults import KILL_GRACE
 from ttyserve.errors import SpawnError
 from ttyserve.exitcodes import exit_from_wait_error, exit_from_wait_status
 from ttyserve.protocol.messages import Exit
@@ -35,7 +36,6 @@ from ttyserve.transport.readiness import Watch
 _PIDS = itertools.count((1 << 22) + 1)
 _BUFFER = 16  # chunks a stream holds before its writer waits, as a full pipe blocks
 _IGNORED_BY_DEFAULT = frozenset({signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH})
-KILL_GRACE = 1.0  # between SIGHUP and SIGKILL in aclose, as in local.py
 
 
 def exited(code: int) -> Exit:

@@ -6,12 +6,14 @@ import argparse
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 from helpers import start_server, ttyserve_command
 
 from ttyserve.errors import ConfigError, UsageError
 from ttyserve.exitcodes import ServeExit
 from ttyserve.server import config
+from ttyserve.server.settings import ServerSettings, options
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,12 +25,32 @@ def parse(*flags: str) -> argparse.Namespace:
 
 
 def test_every_option_has_a_flag_an_env_and_a_key() -> None:
-    fields = {f.name for f in config.msgspec.structs.fields(config.ServeConfig)}
-    assert {o.key for o in config.OPTIONS} == fields
+    fields = {f.name for f in msgspec.structs.fields(ServerSettings)}
+    assert set(options()) == fields - {"token", "default_cwd"}  # the two that are not options
     help_text = subprocess.run(ttyserve_command("serve", "--help"), capture_output=True,
                                text=True, timeout=20).stdout
-    for option in config.OPTIONS:
-        assert option.flag in help_text
+    for key in options():
+        assert config.flag(key) in help_text
+
+
+@pytest.mark.parametrize("given, name", [
+    ({"max_sessions": 0}, "max_sessions"),
+    ({"linger": -1.0}, "linger"),
+    ({"spawn": "fork"}, "spawn"),
+    ({"listen": "unix:/a"}, "listen"),
+    ({"command": ""}, "command"),
+    ({"allow_origin": ["not an origin"]}, "allow_origin"),
+])
+def test_a_program_building_the_settings_gets_the_same_validation(
+        given: dict[str, object], name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        ServerSettings(**given)  # type: ignore[arg-type]
+
+
+def test_the_command_is_split_as_a_shell_splits_words_or_taken_as_argv() -> None:
+    assert ServerSettings(command="bash -c 'echo hi'").default_argv == ["bash", "-c", "echo hi"]
+    assert ServerSettings(command=["a b", "c"]).default_argv == ["a b", "c"]
+    assert ServerSettings().default_argv[-1] == "-l"  # the login shell
 
 
 def test_precedence_flag_env_file_default(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from ttyserve.server.settings import ServerSettings
 
 
 def registry(**settings: object) -> SessionRegistry:
-    return SessionRegistry(ServerSettings(default_argv=["sh"], **settings),  # type: ignore[arg-type]
+    return SessionRegistry(ServerSettings(command=["sh"], **settings),  # type: ignore[arg-type]
                            backend=None)  # type: ignore[arg-type]
 
 
@@ -89,7 +89,7 @@ def test_the_sweeper_hangs_up_the_abandoned_and_drops_uncollected_exits() -> Non
 @pytest.mark.timeout(10)
 async def test_open_refuses_beyond_the_limits_and_while_shutting_down(tmp_path: Path) -> None:
     async with open_memory_backend() as backend:
-        reg = SessionRegistry(ServerSettings(default_argv=["true"], max_sessions=1,
+        reg = SessionRegistry(ServerSettings(command=["true"], max_sessions=1,
                                              max_sessions_per_connection=1), backend)
         async with reg.running():
             with pytest.raises(RequestError) as info:
@@ -124,7 +124,7 @@ async def test_the_start_record_is_on_disk_when_open_returns_and_shares_fsyncs(
     journal._write = counted  # type: ignore[method-assign]  # the same write, counted
     try:
         async with open_memory_backend() as backend:
-            reg = SessionRegistry(ServerSettings(default_argv=["sleep"]), backend, journal)
+            reg = SessionRegistry(ServerSettings(command=["sleep"]), backend, journal)
             async with reg.running():
                 sessions = []
                 async with anyio.create_task_group() as tg:  # opened together: group commit

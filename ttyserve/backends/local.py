@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import anyio
 
+from ..defaults import KILL_GRACE
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from ..transport.readiness import Watch, watch_readable
@@ -33,7 +34,6 @@ PIPE_SIZE = 1 << 20  # what a busy output pipe grows to (fs.pipe-max-size by def
 _PIPE_DEFAULT = 64 * 1024
 _CAN_GROW = hasattr(fcntl, "F_SETPIPE_SZ")  # Linux only
 _SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
-KILL_GRACE = 1.0  # seconds between SIGHUP and SIGKILL on cancel
 _POLL = 0.02  # group members that are not our children can only be polled
 
 OnReaped = Callable[[int, Exit], None]  # (pid, status) of a session leader just reaped
@@ -259,11 +259,13 @@ class LocalProcess:
         with anyio.move_on_after(grace):
             await self.wait()
             while group_alive(self.pid) and time.monotonic() < deadline:
+                reap_orphans(self._live)  # members that were orphaned: ours to reap
                 await anyio.sleep(_POLL)
         signal_group(self.pid, signal.SIGKILL)
         status = await self.wait()
         with anyio.move_on_after(grace):  # killed members vanish once reaped
             while group_alive(self.pid):
+                reap_orphans(self._live)
                 await anyio.sleep(_POLL)
         return status
 

@@ -23,6 +23,7 @@ from ..client.api import connect
 from ..client.retry import RETRIED
 from ..client.session import Session
 from ..credentials import tls_context
+from ..defaults import STDIN_READ
 from ..errors import (
     ConfigError,
     ConnectionLost,
@@ -48,7 +49,6 @@ from .exec_report import (
 )
 from .terminal import DetachKey
 
-READ_SIZE = 64 * 1024
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
 
 
@@ -145,7 +145,7 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
                     await session.send(detach.release())  # the start of the key, typed alone
                     continue
         try:
-            data = os.read(0, READ_SIZE)
+            data = os.read(0, STDIN_READ)
         except BlockingIOError:
             continue  # a non-blocking stdin we share with someone else: wait again
         except OSError as exc:

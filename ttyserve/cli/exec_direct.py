@@ -17,7 +17,7 @@ import time
 from types import FrameType
 
 from ..client.retry import RETRIED
-from ..defaults import CLIENT_NAME
+from ..defaults import CLIENT_NAME, CLIENT_RECEIVE, STDIN_READ
 from ..errors import ConnectionLost, RemoteProtocolError
 from ..exitcodes import exec_exit_code
 from ..protocol.client import (
@@ -45,8 +45,6 @@ from .exec_report import (
 )
 from .terminal import window_size
 
-READ_SIZE = 64 * 1024  # what one read of our stdin takes
-RECEIVE_SIZE = 1 << 20
 SEND_AHEAD = 1 << 20  # bytes of stdin framed but not yet sent before we stop reading stdin
 CHANNEL = 1
 
@@ -128,7 +126,7 @@ class _Session:
     def receive(self) -> bool:
         """Read what has arrived into the core; False when nothing had."""
         try:
-            data = self.sock.recv(RECEIVE_SIZE)
+            data = self.sock.recv(CLIENT_RECEIVE)
         except BlockingIOError:
             return False
         except OSError as exc:
@@ -260,7 +258,7 @@ def _act(session: _Session, out: Output) -> None:
 def _read_stdin(session: _Session) -> bool:
     """One read of our stdin to the session, one frame; False once it ended (`eof` sent)."""
     try:
-        data = os.read(0, min(READ_SIZE, session.core.max_frame))
+        data = os.read(0, min(STDIN_READ, session.core.max_frame))
     except BlockingIOError:
         return True  # a non-blocking stdin we share with someone else
     except OSError as exc:

@@ -6,32 +6,28 @@ import contextlib
 import gc
 import logging
 import os
-import re
 import secrets
-import shlex
 import signal
 import ssl
 import sys
 from collections.abc import Callable, Iterator
 
 import anyio
+import msgspec
 
 from ..addresses import Address, default_address, is_loopback, parse_address
 from ..backends.kinds import make_backend, unavailable_reason
 from ..credentials import read_token, tls_context
 from ..errors import AddressError, ConfigError, LeaseError, ListenError, UsageError
 from ..exitcodes import ServeExit
-from ..server.auth import Access, stdio_peer
-from ..server.config import ServeConfig
+from ..server.auth import stdio_peer
 from ..server.journal import Journal
-from ..server.listener import Server, login_shell
-from ..server.policy import Policy
+from ..server.listener import Server
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
 from ..transport.streams import PipeTransport
 
 log = logging.getLogger("ttyserve")
-ORIGIN = re.compile(r"https?://([a-z0-9.\-]+|\[[0-9a-f:.]+\])(:\d{1,5})?")
 
 
 def announcer(generated_token: str | None) -> Callable[[Address], None]:
@@ -49,7 +45,7 @@ def announcer(generated_token: str | None) -> Callable[[Address], None]:
     return announce
 
 
-def check_exposure(addresses: list[Address], token: str | None, config: ServeConfig) -> None:
+def check_exposure(addresses: list[Address], token: str | None, config: ServerSettings) -> None:
     """Refuse by default: TCP, TLS and web listeners need a token; beyond loopback, TLS too."""
     if config.insecure:
         for address in addresses:
@@ -69,25 +65,13 @@ def check_exposure(addresses: list[Address], token: str | None, config: ServeCon
                               "with --tls-cert and --tls-key), or --insecure")
 
 
-def server_tls(config: ServeConfig, addresses: list[Address]) -> ssl.SSLContext | None:
+def server_tls(config: ServerSettings, addresses: list[Address]) -> ssl.SSLContext | None:
     """The context of the `tls:` and `wss:` listeners, or None when there are none."""
     if not any(a.encrypted for a in addresses):
         return None
     if not config.tls_cert or not config.tls_key:
         raise ConfigError("tls: and wss: listeners need --tls-cert and --tls-key")
     return tls_context("server", certfile=config.tls_cert, keyfile=config.tls_key)
-
-
-def allowed_origins(config: ServeConfig) -> frozenset[str]:
-    """--allow-origin values, checked to be whole origins (scheme://host[:port])."""
-    origins = set()
-    for origin in config.allow_origin:
-        normal = origin.strip().lower().rstrip("/")
-        if not ORIGIN.fullmatch(normal):
-            raise ConfigError(f"allow_origin {origin!r}: expected an origin such as "
-                              "https://example.com or http://127.0.0.1:8080")
-        origins.add(normal)
-    return frozenset(origins)
 
 
 @contextlib.contextmanager
@@ -113,7 +97,7 @@ def stdio_transport() -> PipeTransport:
     return transport
 
 
-def listen_addresses(config: ServeConfig) -> list[Address]:
+def listen_addresses(config: ServerSettings) -> list[Address]:
     """The listeners; none with --stdio (then no --listen may be given either)."""
     if config.stdio:
         if config.listen:
@@ -127,7 +111,8 @@ def listen_addresses(config: ServeConfig) -> list[Address]:
     return addresses
 
 
-async def _serve(config: ServeConfig) -> int:
+async def _serve(config: ServerSettings) -> int:
+    """Serve ``config`` (what flags, environment and file said); the server's exit code."""
     try:
         addresses = listen_addresses(config)
     except UsageError as exc:
@@ -143,25 +128,10 @@ async def _serve(config: ServeConfig) -> int:
             token = generated = secrets.token_urlsafe(32)
         check_exposure(addresses, token, config)
         tls = server_tls(config, addresses)
-        default_argv = shlex.split(config.command) if config.command else login_shell()
-        if not default_argv:
-            raise ConfigError(f"command {config.command!r} names no program")
+        settings = msgspec.structs.replace(config, token=token)
     except (AddressError, ConfigError, ValueError) as exc:
         log.error("configuration: %s", exc)
         return ServeExit.CONFIG
-    settings = ServerSettings(
-        default_argv=default_argv, linger=config.linger, max_frame=config.max_frame,
-        stdin_window=config.stdin_window,
-        access=Access(token=token, allowed_uids=frozenset(config.allow_uid)),
-        policy=Policy(config.allow_command, config.allow_env, config.max_argv_bytes,
-                      config.max_env_bytes, config.max_cwd_bytes),
-        allowed_origins=allowed_origins(config), max_sessions=config.max_sessions,
-        max_sessions_per_connection=config.max_sessions_per_connection,
-        handshake_timeout=config.handshake_timeout, max_connections=config.max_connections,
-        shutdown_timeout=config.shutdown_timeout, scrollback=config.scrollback,
-        detached_timeout=config.detached_timeout, record_dir=config.record,
-        record_input=config.record_input, keeps_detached=not config.stdio,
-    )
     leases: list[SocketLease] = []
     journal: Journal | None = None
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -174,7 +144,7 @@ async def _serve(config: ServeConfig) -> int:
             with _held(leases, journal):
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
-        server = Server(settings, make_backend(config.spawn, settings.default_cwd),
+        server = Server(settings, make_backend(settings.spawn, settings.default_cwd),
                         journal=journal, tls=tls)
         quiet_collector()
 
@@ -208,7 +178,7 @@ def quiet_collector() -> None:
     gc.freeze()  # no collection first: it would cost start-up (6 ms) what it saves later
 
 
-def serve_main(config: ServeConfig) -> int:
+def serve_main(config: ServerSettings) -> int:
     # Through a carrier, stderr reaches the user of each `exec`: only what needs them.
     level = logging.WARNING if config.stdio else logging.INFO
     logging.basicConfig(stream=sys.stderr, level=level, format="ttyserve: %(message)s")

@@ -67,7 +67,6 @@ class Connection:
         self._channels = itertools.count(1)
         self._failure: Exception | None = None
         self._failed = anyio.Event()  # set with _failure
-        self._reading = anyio.CancelScope()  # cancelled when the connection fails
 
     @property
     def welcome(self) -> Welcome | None:
@@ -199,19 +198,18 @@ class Connection:
         """Read until the connection ends, handing each session its events."""
         core = self._core
         try:
-            with self._reading:
-                while True:
-                    try:
-                        data = await self._transport.receive(CLIENT_RECEIVE)
-                    except anyio.EndOfStream:
-                        break
-                    if not self._first_bytes:
-                        self._first_bytes = data[:FIRST_BYTES_SHOWN]
-                    core.receive_data(data)
-                    while (event := core.next_event()) is not None:
-                        await self._dispatch(event)
-                await self._carrier_failed()
-                self._fail(ConnectionLost("the server closed the connection"))
+            while True:
+                try:
+                    data = await self._transport.receive(CLIENT_RECEIVE)
+                except anyio.EndOfStream:
+                    break
+                if not self._first_bytes:
+                    self._first_bytes = data[:FIRST_BYTES_SHOWN]
+                core.receive_data(data)
+                while (event := core.next_event()) is not None:
+                    await self._dispatch(event)
+            await self._carrier_failed()
+            self._fail(ConnectionLost("the server closed the connection"))
         except (anyio.BrokenResourceError, OSError) as exc:
             await self._carrier_failed()
             self._fail(ConnectionLost(f"connection lost: {exc}"))
@@ -257,12 +255,11 @@ class Connection:
                 await session.feed(event)
 
     def _fail(self, exc: Exception) -> None:
-        """The connection is over, for ``exc``: every waiter hears it (the sessions from the
-        reader, which stops at once)."""
+        """The connection is over, for ``exc``: every waiter hears it (the sessions once the
+        reader has handed them what was received before)."""
         if self._failure is None:
             self._failure = exc
             self._failed.set()
-            self._reading.cancel()
         for waiter, done in self._listings:
             waiter.append(self._failure)
             done.set()

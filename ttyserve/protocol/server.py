@@ -13,6 +13,7 @@ import enum
 
 import msgspec
 
+from ..defaults import DEFAULT_STDIN_WINDOW
 from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
 from .channels import Channel, ChannelState, ChannelTable, Credit, Step
 from .frames import (
@@ -49,7 +50,6 @@ from .messages import (
 )
 
 Buffer = bytes | bytearray | memoryview
-DEFAULT_STDIN_WINDOW = 1 << 20  # STDIN credit per channel on windowed connections (section 7)
 
 
 class Stage(enum.Enum):

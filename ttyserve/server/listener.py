@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import signal
 import socket
 import ssl
@@ -304,14 +303,3 @@ async def refuse_busy(transport: Transport, limit: int) -> None:
         else:
             await close_gracefully(transport, _REFUSAL_TIME)
     await transport.aclose()
-
-
-def login_shell() -> list[str]:
-    """The user's login shell as sshd runs it when no command is given."""
-    import pwd
-
-    try:
-        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
-    except KeyError:
-        shell = "/bin/sh"
-    return [shell, "-l"]

@@ -6,6 +6,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
+from ..defaults import DEFAULT_MAX_ARGV_BYTES, DEFAULT_MAX_CWD_BYTES, DEFAULT_MAX_ENV_BYTES
 from ..errors import ErrorCode, RequestError
 from ..protocol.messages import Open
 
@@ -17,9 +18,6 @@ LOADER_VARIABLES = re.compile(
 )
 
 
-DEFAULT_MAX_ARGV_BYTES = 256 * 1024
-DEFAULT_MAX_ENV_BYTES = 256 * 1024
-DEFAULT_MAX_CWD_BYTES = 4096  # PATH_MAX
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import anyio.abc
 import msgspec
 
 from ..backends.base import Backend, ProcessHandle, ProcessSpec
+from ..defaults import BUSY_RETRY_MS
 from ..errors import ErrorCode, RequestError
 from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo
 from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
@@ -33,7 +34,6 @@ from .tasks import Tasks, open_tasks
 
 log = logging.getLogger("ttyserve")
 
-BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`
 
 
 def busy(message: str) -> RequestError:
@@ -91,6 +91,8 @@ class SessionRegistry:
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
         self._journal_id = JournalIds()
+        self._default_argv = settings.default_argv  # each read of these makes them anew
+        self._policy = settings.policy
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionRegistry]:
@@ -111,7 +113,7 @@ class SessionRegistry:
     def spec_for(self, request: Open) -> ProcessSpec:
         """What to run for an `open`: its members, the server's defaults where it has none."""
         return ProcessSpec(
-            argv=list(request.argv) or list(self.settings.default_argv), pty=request.pty,
+            argv=list(request.argv) or list(self._default_argv), pty=request.pty,
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
             cwd=request.cwd or self.settings.default_cwd)
 
@@ -182,7 +184,7 @@ class SessionRegistry:
             raise RequestError(ErrorCode.BAD_REQUEST, "this server cannot keep a detachable "
                                "session: it ends with its one connection (serve --stdio)")
         try:
-            settings.policy.check(request)
+            self._policy.check(request)
         except RequestError as exc:
             log.warning("%s: %s: %s", peer, exc.code, exc.message)
             raise
@@ -199,8 +201,8 @@ class SessionRegistry:
     def _admitted(self, session: ServerSession) -> ServerSession:
         settings = self.settings
         assert self._task_group is not None, "SessionRegistry.running() is not entered"
-        if settings.record_dir is not None:
-            start_recording(session, settings.record_dir, settings.record_input,
+        if settings.record is not None:
+            start_recording(session, settings.record, settings.record_input,
                             self._task_group)
         self.sessions[session.id] = session
         return session

@@ -1,50 +1,190 @@
-"""What a server is told (its defaults are in defaults.py).
+"""Every setting of a server, in one validated schema.
 
-`config.py` reads these from flags, environment and TOML; tests and embedding
-programs build `ServerSettings` directly.
+Each field marked an option is a flag (`--max-sessions`), an environment variable
+(`TTYSERVE_MAX_SESSIONS`) and a key of the `--config` TOML file (`max_sessions`):
+config.py reads them from there, and its help text is written here once, beside the
+default (taken from defaults.py). A program that builds `ServerSettings` itself gets
+the same validation as `serve`: ConfigError naming the setting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+import re
+import shlex
+from typing import Annotated, Any
 
+import msgspec
+
+from ..backends.kinds import BackendKind
 from ..defaults import (
     DEFAULT_DETACHED_TIMEOUT,
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_LINGER,
+    DEFAULT_MAX_ARGV_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CWD_BYTES,
+    DEFAULT_MAX_ENV_BYTES,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_CONNECTION,
     DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_STDIN_WINDOW,
 )
+from ..errors import ConfigError
 from ..protocol.frames import DEFAULT_MAX_FRAME
-from ..protocol.server import DEFAULT_STDIN_WINDOW
 from .auth import Access
 from .policy import Policy
 
-__all__ = ["DEFAULT_MAX_FRAME", "DEFAULT_STDIN_WINDOW", "ServerSettings"]
+_ORIGIN = re.compile(r"https?://([a-z0-9.\-]+|\[[0-9a-f:.]+\])(:\d{1,5})?")
 
 
-@dataclass
-class ServerSettings:
+def option(help: str, metavar: str | None = None, **constraints: Any) -> msgspec.Meta:
+    """What makes a field an option: its help (and the placeholder its flag shows)."""
+    return msgspec.Meta(description=help, extra={"metavar": metavar} if metavar else {},
+                        **constraints)
+
+
+class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything one server and its connections share, read-only while serving."""
 
-    default_argv: list[str]
-    default_cwd: str | None = None
-    linger: float = DEFAULT_LINGER
-    max_frame: int = DEFAULT_MAX_FRAME
-    stdin_window: int = DEFAULT_STDIN_WINDOW
-    access: Access = field(default_factory=Access)
-    policy: Policy = field(default_factory=Policy)
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_sessions: int = DEFAULT_MAX_SESSIONS
-    max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
-    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
-    allowed_origins: frozenset[str] = frozenset()  # besides a web listener's own (section 8)
-    scrollback: int = DEFAULT_SCROLLBACK
-    detached_timeout: float = DEFAULT_DETACHED_TIMEOUT
-    record_dir: str | None = None  # asciicast v3 files of PTY sessions, when set
-    record_input: bool = False
-    keeps_detached: bool = True  # False for `serve --stdio`: nothing outlives its connection
+    listen: Annotated[list[str], option(
+        "unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, or ws:HOST:PORT and wss:HOST:PORT for "
+        "browsers (repeatable)", "ADDR")] = []
+    stdio: Annotated[bool, option(
+        "serve one connection on stdin and stdout, then exit (what a carrier starts: ssh "
+        "HOST ttyserve serve --stdio); no token, no listener")] = False
+    token_file: Annotated[str | None, option(
+        "file (mode 600) holding the token TCP and TLS clients must send (or the token itself "
+        "in TTYSERVE_TOKEN)", "FILE")] = None
+    tls_cert: Annotated[str | None, option(
+        "certificate chain (PEM) for tls: listeners", "FILE")] = None
+    tls_key: Annotated[str | None, option("private key (PEM) for tls: listeners", "FILE")] = None
+    insecure: Annotated[bool, option(
+        "allow TCP without a token, and non-loopback TCP without TLS")] = False
+    allow_uid: Annotated[list[int], option(
+        "another uid allowed on Unix sockets (repeatable)", "UID")] = []
+    command: Annotated[str | list[str] | None, option(
+        "default command when a client sends no argv, split as a shell splits words (default: "
+        "the login shell)", "CMD")] = None
+    allow_command: Annotated[list[str], option(
+        "glob a client's argv[0] must match (repeatable)", "PATTERN")] = []
+    allow_env: Annotated[list[str], option(
+        "glob of env names clients may set when commands are restricted (repeatable)",
+        "PATTERN")] = []
+    allow_origin: Annotated[list[str], option(
+        "another origin (scheme://host[:port]) whose pages may open the WebSocket of ws: and "
+        "wss: listeners (repeatable)", "ORIGIN")] = []
+    max_connections: Annotated[int, option("open connections at once", "N", ge=1)] = (
+        DEFAULT_MAX_CONNECTIONS)
+    max_sessions: Annotated[int, option("sessions at once, all connections", "N", ge=1)] = (
+        DEFAULT_MAX_SESSIONS)
+    max_sessions_per_connection: Annotated[int, option(
+        "sessions at once on one connection", "N", ge=1)] = DEFAULT_MAX_SESSIONS_PER_CONNECTION
+    handshake_timeout: Annotated[float, option(
+        "seconds a client has for hello and open", "S", gt=0)] = DEFAULT_HANDSHAKE_TIMEOUT
+    max_frame: Annotated[int, option(
+        "largest frame payload accepted, bytes", "BYTES", ge=4096, le=16 << 20)] = (
+        DEFAULT_MAX_FRAME)
+    stdin_window: Annotated[int, option(
+        "STDIN credit per session on windowed connections, bytes", "BYTES", ge=1,
+        le=(1 << 31) - 1)] = DEFAULT_STDIN_WINDOW
+    max_argv_bytes: Annotated[int, option("largest argv of an open, bytes", "BYTES", ge=1)] = (
+        DEFAULT_MAX_ARGV_BYTES)
+    max_env_bytes: Annotated[int, option("largest env of an open, bytes", "BYTES", ge=1)] = (
+        DEFAULT_MAX_ENV_BYTES)
+    max_cwd_bytes: Annotated[int, option("longest cwd of an open, bytes", "BYTES", ge=1)] = (
+        DEFAULT_MAX_CWD_BYTES)
+    linger: Annotated[float, option(
+        "output drain grace after a process exits, seconds", "S", ge=0)] = DEFAULT_LINGER
+    shutdown_timeout: Annotated[float, option(
+        "graceful shutdown watchdog, seconds", "S", ge=0)] = DEFAULT_SHUTDOWN_TIMEOUT
+    journal: Annotated[str | None, option(
+        "append session records to this file (fsync'd JSON lines)", "FILE")] = None
+    scrollback: Annotated[int, option(
+        "output a detachable session keeps for the next attach, bytes", "BYTES", ge=0)] = (
+        DEFAULT_SCROLLBACK)
+    detached_timeout: Annotated[float, option(
+        "seconds a detached session waits for an attach before it is hung up (and an ended "
+        "one's exit is dropped)", "S", gt=0)] = DEFAULT_DETACHED_TIMEOUT
+    record: Annotated[str | None, option(
+        "write every PTY session to DIR/ID.cast (asciicast v3)", "DIR")] = None
+    record_input: Annotated[bool, option(
+        "record what is typed too (it holds passwords)")] = False
+    spawn: Annotated[BackendKind, option(
+        "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), portable "
+        "(ptyprocess and subprocess, any POSIX system) or auto", "KIND")] = "auto"
+    # Not options: what a program embedding a server, or `serve` itself, sets.
+    token: str | None = None  # what TCP, TLS and web clients must send (serve: token_file)
+    default_cwd: str | None = None  # where sessions run that ask for no cwd (the server's)
+
+    def __post_init__(self) -> None:
+        """Every value within its type and range, as `serve` checks what it reads."""
+        for field in msgspec.structs.fields(type(self)):
+            try:
+                msgspec.convert(getattr(self, field.name), field.type, strict=True)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"{field.name}: {exc}") from None
+        if not self.default_argv and self.command is not None:
+            raise ConfigError(f"command {self.command!r} names no program")
+        for origin in self.allow_origin:
+            if not _ORIGIN.fullmatch(origin.strip().lower().rstrip("/")):
+                raise ConfigError(f"allow_origin {origin!r}: expected an origin such as "
+                                  "https://example.com or http://127.0.0.1:8080")
+
+    @property
+    def default_argv(self) -> list[str]:
+        """What a session runs when its `open` names nothing: the command, else the user's
+        login shell (as sshd runs it)."""
+        if isinstance(self.command, str):
+            return shlex.split(self.command)
+        if self.command is not None:
+            return list(self.command)
+        return login_shell()
+
+    @property
+    def access(self) -> Access:
+        """Who may connect: the token, the uids allowed besides the server's own."""
+        return Access(token=self.token, allowed_uids=frozenset(self.allow_uid))
+
+    @property
+    def policy(self) -> Policy:
+        """What clients may run: command and env patterns, request sizes."""
+        return Policy(self.allow_command, self.allow_env, self.max_argv_bytes,
+                      self.max_env_bytes, self.max_cwd_bytes)
+
+    @property
+    def allowed_origins(self) -> frozenset[str]:
+        """The other origins whose pages may open the WebSocket, as browsers write them."""
+        return frozenset(origin.strip().lower().rstrip("/") for origin in self.allow_origin)
+
+    @property
+    def keeps_detached(self) -> bool:
+        """Whether a session may outlive its connection (not with `serve --stdio`, whose one
+        connection ends the server)."""
+        return not self.stdio
+
+
+def options() -> dict[str, tuple[Any, msgspec.Meta]]:
+    """Every option: its name, its type and its Meta (help, placeholder), in order."""
+    import typing
+
+    hints = typing.get_type_hints(ServerSettings, include_extras=True)
+    found = {}
+    for field in msgspec.structs.fields(ServerSettings):
+        meta = next((m for m in getattr(hints[field.name], "__metadata__", ())
+                     if isinstance(m, msgspec.Meta) and m.description), None)
+        if meta is not None:
+            found[field.name] = (field.type, meta)
+    return found
+
+
+def login_shell() -> list[str]:
+    """The user's login shell as sshd runs it when no command is given."""
+    import pwd
+
+    try:
+        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+    except KeyError:
+        shell = "/bin/sh"
+    return [shell, "-l"]

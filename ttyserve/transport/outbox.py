@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
+from ..defaults import OUTBOX_LIMIT
 from .streams import MAX_IOVECS, Buffer, Transport
 
 
@@ -30,7 +31,6 @@ class TaskStarter(Protocol):
 
 _NOTHING_QUEUED: collections.deque[Buffer] = collections.deque()  # shared, never added to:
 # an empty deque costs 600 bytes, and most connections never queue a byte
-DEFAULT_LIMIT = 1 << 20  # bytes queued per connection before producers wait
 BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
 
 
@@ -38,7 +38,7 @@ class Outbox:
     """Serialises buffers onto a transport, in order, with bounded memory."""
 
     def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
-                 on_room: Callable[[], None] | None = None, limit: int = DEFAULT_LIMIT) -> None:
+                 on_room: Callable[[], None] | None = None, limit: int = OUTBOX_LIMIT) -> None:
         self.transport = transport
         self.limit = limit
         self._on_broken = on_broken

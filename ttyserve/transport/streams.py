@@ -20,6 +20,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from ..defaults import DRAIN_RECEIVE
 from ..errors import RemoteProtocolError
 from .readiness import ReadableService
 
@@ -271,7 +272,6 @@ class Closable(Protocol):
     async def receive(self, max_bytes: int) -> bytes: ...
 
 
-_DRAIN_READ = 64 * 1024
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError,
          RemoteProtocolError)
 
@@ -294,7 +294,7 @@ async def close_gracefully(stream: Closable, timeout: float,
             return
         with anyio.move_on_after(timeout):
             while True:
-                await stream.receive(_DRAIN_READ)
+                await stream.receive(DRAIN_RECEIVE)
     except _GONE:
         pass
 
@@ -302,7 +302,7 @@ async def close_gracefully(stream: Closable, timeout: float,
 def _discard(stream: SocketTransport | PipeTransport) -> bool:
     """Read and drop what arrived; False at the peer's EOF (or an error)."""
     try:
-        stream.receive_nowait(_DRAIN_READ)
+        stream.receive_nowait(DRAIN_RECEIVE)
     except _GONE:
         return False
     return True

@@ -23,6 +23,7 @@ from wsproto.events import AcceptConnection, Request
 from wsproto.utilities import RemoteProtocolError as WsRemoteError
 
 from ..addresses import Address, is_loopback
+from ..defaults import HTTP_RECEIVE
 from ..transport.streams import close_gracefully
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
@@ -31,7 +32,6 @@ log = logging.getLogger("ttyserve")
 
 MAX_LINE = 16 * 1024  # a longer request line gets 414 (section 8)
 MAX_HEADERS = 16 * 1024  # a longer header section gets 431 (section 8)
-READ_SIZE = 64 * 1024
 DRAIN_TIME = 1.0  # seconds to let a refused client read its answer before the close
 ENDPOINT = "/ws"
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:\d+)?|\[[0-9A-Fa-f:.]+\](:\d+)?")
@@ -129,7 +129,7 @@ class FrontDoor:
             except h11.RemoteProtocolError as exc:
                 raise Refusal(400, f"not an HTTP/1.1 request: {exc}") from exc
             if event is h11.NEED_DATA:
-                data = await stream.receive(READ_SIZE)
+                data = await stream.receive(HTTP_RECEIVE)
                 if len(head) <= MAX_LINE + MAX_HEADERS + 4:
                     head += data
                     if (refusal := head_too_long(head)) is not None:

@@ -28,12 +28,12 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError as WsLocalError
 
+from ..defaults import WEBSOCKET_RECEIVE
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
 from ..transport.streams import Buffer
 
 SUBPROTOCOL = "ttyserve.v1"
-READ_SIZE = 256 * 1024
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -76,7 +76,7 @@ class WebSocketTransport:
             await self._take_events()
             if not self._ready and not self._ended:
                 try:
-                    data = await self._stream.receive(READ_SIZE)
+                    data = await self._stream.receive(WEBSOCKET_RECEIVE)
                 except anyio.EndOfStream:
                     data = None  # wsproto learns of the end (and says it was not clean)
                 except _GONE as exc:
@@ -164,7 +164,7 @@ async def open_client(stream: anyio.abc.ByteStream, host: str, path: str = "/ws"
     await stream.send(ws.send(Request(host=host, target=path, subprotocols=[SUBPROTOCOL])))
     while True:
         try:
-            data = await stream.receive(READ_SIZE)
+            data = await stream.receive(WEBSOCKET_RECEIVE)
         except anyio.EndOfStream:
             raise ConnectionResetError("the server closed during the WebSocket upgrade") from None
         ws.receive_data(data)

@@ -1,0 +1,97 @@
+"""The package's layers (docs/design.md): every import points down, and none goes round.
+
+Read from the source with no import of it: each module's `import` statements, those under
+`if TYPE_CHECKING:` left out (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ttyserve"
+
+# Bottom first; a module may import its own layer and those below it, never one above.
+LAYERS = [
+    {"version", "errors", "defaults", "lines", "addresses", "credentials"},
+    {"protocol"},
+    {"exitcodes"},
+    {"transport"},
+    {"backends"},
+    {"web"},
+    {"server"},
+    {"client"},
+    {"cli"},
+    {"__init__", "__main__"},
+]
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name if name != "ttyserve" else "ttyserve.__init__"] = path
+    return found
+
+
+def imports(module: str, path: Path, top_level_only: bool) -> set[str]:
+    """The ttyserve modules ``module`` imports (names resolved, packages as their __init__)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if base.startswith("ttyserve") and (top or not top_level_only):
+                    found.add(base)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.startswith("ttyserve") and (top or not top_level_only):
+                        found.add(alias.name)
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, inner)
+
+    visit(tree, True)
+    return found
+
+
+def test_every_import_points_down() -> None:
+    wrong = [f"{module} imports {target}"
+             for module, path in modules().items()
+             for target in imports(module, path, top_level_only=False)
+             if layer(target) > layer(module)]
+    assert wrong == []
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    known = modules()
+    graph = {module: {t for t in imports(module, path, top_level_only=True) if t in known}
+             for module, path in known.items()}
+    done: set[str] = set()
+
+    def circle_from(module: str, trail: list[str]) -> list[str] | None:
+        if module in trail:
+            return [*trail[trail.index(module):], module]
+        if module in done:
+            return None
+        for target in sorted(graph[module]):
+            if (found := circle_from(target, [*trail, module])) is not None:
+                return found
+        done.add(module)
+        return None
+
+    circles = [c for m in sorted(graph) if (c := circle_from(m, [])) is not None]
+    assert circles == []
