@@ -68,6 +68,7 @@ class ConnectionHandler:
                         else None)
         self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
         self._stopped = False  # the reader is to stop: the connection closes
+        self._discarding = False  # closed from the readiness callback: it drains the client
         self.peer = peer
         self.registry = registry
         self.gate = gate
@@ -107,7 +108,8 @@ class ConnectionHandler:
             # The session's last frames go out however slowly the client reads;
             # a client that never reads holds only its own connection.
             await self.outbox.wait_done()
-            if not self.outbox.broken:  # (a WebSocket says 1002 after a protocol error)
+            if not self.outbox.broken and not self._discarding:  # (else done already)
+                # A WebSocket says 1002 after a protocol error.
                 await close_gracefully(self.transport, CLOSE_TIMEOUT, functools.partial(
                     self.transport.send_eof, protocol_error=self.core.error is not None))
         finally:
@@ -128,10 +130,36 @@ class ConnectionHandler:
     def _stop_reading(self) -> None:
         """The connection is to close: the reader stops, woken where it waits for the client
         (the common case, and no cancellation), or cut short where it waits for anything
-        else."""
+        else. Where it waits in the readiness callback and nothing is left to send, the
+        close is done there and then, and the same callback drains the client."""
         self._stopped = True
+        if self._close_in_callback():
+            return
         if not self._service.wake() and self._wait_scope is not None:
             self._wait_scope.cancel()
+
+    def _close_in_callback(self) -> bool:
+        """The close (`run`'s, after the reader), from the socket's readiness callback: our
+        EOF, then the client's bytes dropped until its EOF (or CLOSE_TIMEOUT), with no hop
+        to the task and no second watch of the socket; False where it cannot be done so."""
+        socket = self._socket
+        if (socket is None or not self._service.serving or self.outbox.broken
+                or not self.outbox.idle):
+            return False
+        self.core.close()
+        for attachment in list(self.attachments.values()):
+            self._leave(attachment)
+        self.flush()
+        if not self.outbox.idle:
+            return False  # what the core framed last waits to be sent: the task does the rest
+        self.outbox.close()
+        try:
+            socket.send_eof_nowait()
+        except anyio.BrokenResourceError:
+            return False
+        self._discarding = True
+        self._service.end_by(anyio.current_time() + CLOSE_TIMEOUT)
+        return True
 
     async def _interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
         """``wait``, unless `_stop_reading` or ``deadline`` cuts it short (then None)."""
@@ -238,6 +266,12 @@ class ConnectionHandler:
         the rest. What reading raises is raised in the task, as `receive` would."""
         core, socket = self.core, self._socket
         assert socket is not None
+        if self._discarding:  # closed: what the client still sends is dropped until its EOF
+            try:
+                socket.receive_nowait(SERVER_RECEIVE)
+            except _GONE:
+                return False
+            return True
         if core.closing or self._stopped:
             return False
         data = socket.receive_nowait(SERVER_RECEIVE)

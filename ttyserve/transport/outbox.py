@@ -88,6 +88,11 @@ class Outbox:
             self._task_group.start_soon(self._drain)
 
     @property
+    def idle(self) -> bool:
+        """Whether nothing waits to be sent (everything pushed went out)."""
+        return not self._writing and not self._buffers
+
+    @property
     def has_room(self) -> bool:
         """Whether a producer may go on without waiting."""
         return self._queued <= self.limit or self.broken

@@ -87,10 +87,11 @@ class ReadableService:
     """`serve_readable` for one task at a time, which can also be ended from outside (`wake`)
     or at a deadline: the task waiting in it needs no cancel scope for either."""
 
-    __slots__ = ("_done",)
+    __slots__ = ("_done", "_timer")
 
     def __init__(self) -> None:
         self._done: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def serve(self, fd: int, callback: Callable[[], bool],
                     deadline: float = math.inf) -> bool:
@@ -128,15 +129,28 @@ class ReadableService:
         except (NotImplementedError, PermissionError):  # a proactor loop; a regular file
             self._done = None
             return False
-        timer = loop.call_at(deadline, self.wake) if deadline < math.inf else None
+        self._timer = loop.call_at(deadline, self.wake) if deadline < math.inf else None
         try:
             await done
         finally:
             self._done = None
             loop.remove_reader(fd)
-            if timer is not None:
-                timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         return True
+
+    @property
+    def serving(self) -> bool:
+        """Whether a `serve` is under way (and not ended yet)."""
+        return self._done is not None and not self._done.done()
+
+    def end_by(self, deadline: float) -> None:
+        """End the `serve` under way at ``deadline`` at the latest."""
+        if self.serving:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(deadline, self.wake)
 
     def wake(self) -> bool:
         """End the `serve` under way; False when none is."""

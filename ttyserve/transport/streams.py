@@ -83,12 +83,17 @@ class SocketTransport:
         self.sock = sock
         self._closed = False
         self._drained = False  # the last receive emptied the socket buffer
+        self._waits = 0  # tasks waiting on the socket now (its close must tell them)
 
     async def receive(self, max_bytes: int) -> bytes:
-        if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
-            await anyio.wait_readable(self.sock)
-        while (data := self.receive_nowait(max_bytes)) is None:
-            await anyio.wait_readable(self.sock)
+        self._waits += 1
+        try:
+            if self._drained:  # don't ask for what is not there: wait first, spare the EAGAIN
+                await anyio.wait_readable(self.sock)
+            while (data := self.receive_nowait(max_bytes)) is None:
+                await anyio.wait_readable(self.sock)
+        finally:
+            self._waits -= 1
         self._drained = len(data) < max_bytes
         return data
 
@@ -112,10 +117,18 @@ class SocketTransport:
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         while not (sent := self.try_send(buffers)):
-            await anyio.wait_writable(self.sock)
+            self._waits += 1
+            try:
+                await anyio.wait_writable(self.sock)
+            finally:
+                self._waits -= 1
         return sent
 
     async def send_eof(self, protocol_error: bool = False) -> None:
+        self.send_eof_nowait()
+
+    def send_eof_nowait(self) -> None:
+        """`send_eof`, which waits for nothing here."""
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
@@ -124,7 +137,8 @@ class SocketTransport:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            anyio.notify_closing(self.sock)
+            if self._waits:  # a task waits on the socket: it is told it closed
+                anyio.notify_closing(self.sock)
             self.sock.close()
 
 
@@ -180,6 +194,10 @@ class PipeTransport:
         return sent
 
     async def send_eof(self, protocol_error: bool = False) -> None:
+        self.send_eof_nowait()
+
+    def send_eof_nowait(self) -> None:
+        """`send_eof`, which waits for nothing here."""
         fd, self.write_fd = self.write_fd, None
         if fd is None:
             return
