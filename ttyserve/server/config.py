@@ -44,8 +44,7 @@ def _shown(value: object, metavar: str | None) -> str:
 
 def help_text(key: str) -> str:
     """The option's help, with its default taken from ServerSettings (never retyped)."""
-    _, meta = options()[key]
-    default = next(f.default for f in msgspec.structs.fields(ServerSettings) if f.name == key)
+    _, meta, default = options()[key]
     assert meta.description is not None
     if default in (None, False, [], msgspec.NODEFAULT):
         return meta.description
@@ -64,7 +63,7 @@ def _is_list(kind: object) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per option; absent flags stay absent (so lower sources can apply)."""
     parser.add_argument("--config", metavar="FILE", help="TOML file with any of these keys")
-    for key, (kind, meta) in options().items():
+    for key, (kind, meta, _) in options().items():
         common: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS,
                                   "help": help_text(key)}
         if _bare(kind) is bool:
@@ -81,7 +80,7 @@ def _bare(kind: object) -> object:
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
-    for key, (kind, _) in options().items():
+    for key, (kind, _, _) in options().items():
         text = environ.get(env_name(key))
         if text is None or key in FLAG_ONLY:
             continue
