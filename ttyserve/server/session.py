@@ -2,12 +2,13 @@
 
 A session belongs to the server's registry, not to a connection: a connection
 attaches a channel to it (its sink), and the session writes its output there.
-Its life runs as one task (`run`): the process is reaped (its pidfd's
-readiness), its output read to end-of-file or until the linger grace runs out,
-and only then is the exit offered, after every output frame. The output
-itself is read by the pumps (pump.py), from the loop's readiness callbacks
-where there are any; the input goes through the stdin queue (stdin.py).
-Cancelling the session's scope is the cancel path: the process group is hung
+Its life: the process is reaped (its pidfd's readiness), its output read to
+end-of-file or until the linger grace runs out, and only then is the exit
+offered, after every output frame. Where the loop has readiness callbacks for
+all of it (`start`), that life runs on callbacks alone, with no task; where it
+has not, it runs as one task (`run`). The output is read by the pumps
+(pump.py); the input goes through the stdin queue (stdin.py). Ending the
+session (`cancel`, `hang_up`) is the cancel path: the process group is hung
 up, killed after a grace, reaped, and nothing more is sent.
 """
 
