@@ -25,9 +25,10 @@ from ttyserve import (
     connect,
     run,
 )
+from ttyserve.client import Connection
 from ttyserve.errors import ErrorCode
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
-from ttyserve.protocol.messages import Exit, Opened, Welcome, encode_message
+from ttyserve.protocol.messages import Exit, Opened, SessionInfo, Welcome, encode_message
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -91,6 +92,36 @@ async def test_a_cancelled_session_is_not_a_lost_connection(
             await session.receive()
         other = await conn.spawn(["true"], pty=False)  # the connection goes on
         assert (await other.wait()).code == 0
+
+
+async def sessions_once(conn: Connection, done: Callable[[list[SessionInfo]], bool],
+                        ) -> list[SessionInfo]:
+    """The listing, polled until ``done`` says so (the server's state has no event here)."""
+    with anyio.fail_after(5):
+        while not done(listed := await conn.list_sessions()):
+            await anyio.sleep(0.02)
+    return listed
+
+
+async def test_a_spawn_or_attach_given_up_before_its_answer_leaves_nothing_behind(
+        server_process: ServerProcess) -> None:
+    """A caller that stops waiting right after asking (a timeout, a cancel): the process it
+    had opened is cancelled, not left running unseen; the session it was attaching is let
+    go again (detached, still running), not held."""
+    async with connect(server_process.addresses[0], multiplex=True) as conn:
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the `open` is sent; the wait for `opened` is cancelled
+            await conn.spawn(["sleep", "30"], pty=False, detachable=True)
+        await sessions_once(conn, lambda listed: listed == [])
+        session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
+        await session.detach()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await conn.attach(session.id or "")
+        (info,) = await sessions_once(conn, lambda listed: not listed[0].attached)
+        assert info.session == session.id and info.exit is None
+        again = await conn.attach(session.id or "")  # free: no session_in_use
+        await again.cancel()
 
 
 async def test_multiplexed_sessions_with_windows_both_ways(server_process: ServerProcess) -> None:

@@ -181,7 +181,8 @@ async def test_a_stolen_channel_ends_with_detached_on_the_wire(address: str) -> 
         await second.send(ctrl(1, {"type": "cancel"}))
 
 
-async def test_an_exit_while_detached_is_delivered_once(address: str) -> None:
+async def test_an_exit_while_detached_is_delivered_once(
+        server: ServerProcess, address: str, short_dir: Path) -> None:
     async with connect(address, multiplex=True) as conn:
         session = await conn.spawn([SH, "-c", "read go; echo bye; exit 7"], pty=True,
                                    detachable=True)
@@ -199,6 +200,35 @@ async def test_an_exit_while_detached_is_delivered_once(address: str) -> None:
         with pytest.raises(RequestError):
             await conn.attach(session.id or "")
     assert await listing(address) == []
+    server.stop()
+    records = [type(r).__name__ for r in read_file(str(short_dir / "j.jsonl")).records
+               if getattr(r, "id", None) == session.id]
+    # The attach that collected the exit is the session's last record: it left nothing
+    # attached for the connection's close to detach.
+    assert records == ["SessionStart", "SessionDetach", "SessionAttach", "SessionDetach",
+                       "SessionEnd", "SessionAttach"]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "later"])
+async def test_a_connection_its_last_channel_closed_reads_the_client_until_its_eof(
+        address: str, batched: bool) -> None:
+    """After the last frame of a single-session connection (here `detached`) the server
+    sends its EOF and reads what the client still sends until the client's EOF: closing
+    on unread bytes resets the connection, and a reset can destroy frames the client has
+    not read yet. The detach comes with the open (read by the reader task, as a rule) or
+    after `opened` (read by the socket's readiness callback)."""
+    detach = ctrl(1, Detach())
+    async with raw_peer(address) as peer:
+        await peer.send(HELLO + ctrl(1, Open(argv=["sleep", "30"], pty=False,
+                                             detachable=True)) + (detach if batched else b""))
+        assert (await peer.next_control())["type"] == "welcome"
+        assert (await peer.next_control())["type"] == "opened"
+        if not batched:
+            await peer.send(detach)
+        assert (await peer.next_control())["type"] == "detached"
+        assert await peer.next_frame() is None  # the server's EOF
+        await peer.send(bytes(1 << 20))  # more than a socket buffers: only a reader takes it
+        await peer.transport.send_eof()
 
 
 async def assert_abandoned(address: str, server: ServerProcess, short_dir: Path,

@@ -180,12 +180,11 @@ class Wire:
     def output_limit(self, channel: int) -> int:
         return self.core.output_limit(channel) if self.room else 0
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> bool:
+    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
         self.core.send_output(channel, kind, bytes(data))
-        return self.room
 
-    def frame_attached(self, channel: int, answer: Attached) -> None:
-        self.core.attached(channel, answer)
+    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+        self.core.attached(attachment.channel, answer)
 
     def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
         self.ended.append(attachment)

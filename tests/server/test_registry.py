@@ -3,6 +3,7 @@ open's admission and its journal record in process, on the memory backend."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import anyio
@@ -83,6 +84,8 @@ def test_the_sweeper_hangs_up_the_abandoned_and_drops_uncollected_exits() -> Non
     assert sorted(reg.sessions) == ["abandoned", "attached", "waiting"]  # ended is dropped
     assert waiting.ending is None and attached.ending is None
     assert reg.sweep(now=114.9) == 115.0  # nothing moves before its deadline
+    # On its way out, the abandoned session is expired: an attach now would get no exit.
+    assert refused(reg, Attach(session="abandoned")) == ErrorCode.NO_SUCH_SESSION
 
 
 @pytest.mark.asyncio
@@ -106,6 +109,55 @@ async def test_open_refuses_beyond_the_limits_and_while_shutting_down(tmp_path: 
             reg.start(first)
             with anyio.fail_after(5):
                 await reg.wait_empty()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(10)
+async def test_an_open_held_by_its_start_record_counts_and_is_hung_up_by_a_shutdown(
+        tmp_path: Path) -> None:
+    """An open that awaits its start record (a slow disk, held here) counts against
+    --max-sessions, and a shutdown that begins meanwhile hangs its process up too."""
+    journal = Journal(str(tmp_path / "journal.jsonl"))
+    write = journal._write
+    held, release = anyio.Event(), threading.Event()
+
+    def held_write(data: bytes) -> None:
+        anyio.from_thread.run_sync(held.set)
+        release.wait(5)
+        write(data)
+
+    journal._write = held_write  # type: ignore[method-assign]  # the same write, held
+    try:
+        async with open_memory_backend() as backend:
+            reg = SessionRegistry(ServerSettings(command=["sleep"], max_sessions=1),
+                                  backend, journal)
+            async with reg.running(), anyio.create_task_group() as tg:
+                opened: list[ServerSession] = []
+                answered = anyio.Event()
+
+                async def open_one() -> None:
+                    opened.append(await reg.open(Open(), "uid:0", "test", sessions_here=0))
+                    answered.set()
+
+                tg.start_soon(open_one)
+                await held.wait()
+                with pytest.raises(RequestError) as info:
+                    await reg.open(Open(), "uid:0", "test", sessions_here=0)
+                assert info.value.code == ErrorCode.BUSY
+                reg.hang_up_all()
+                release.set()
+                with anyio.fail_after(5):
+                    await answered.wait()
+                (session,) = opened
+                assert session.ending is Reason.SHUTDOWN
+                reg.start(session)
+                with anyio.fail_after(5):
+                    await reg.wait_empty()
+                assert session.process.status is not None
+                assert session.process.status.signal == "HUP"
+    finally:
+        release.set()
+        journal.close()
 
 
 @pytest.mark.asyncio

@@ -100,6 +100,21 @@ def test_after_the_linger_a_pump_sends_what_is_buffered_and_stops() -> None:
     assert controls(frames, attachment.channel) == [{"type": "exit", "code": 0}]
 
 
+def test_a_closed_session_never_watches_its_streams_again() -> None:
+    """Once a session is over (`close`), its pumps stay stopped whatever its sink says later
+    (credit, room, an attach during the kill): its descriptors are released, and a watch
+    would read whatever reuses their numbers."""
+    session, process = make_session(pty=True, watchable=True)
+    Wire().opened(session)
+    started(session)
+    watcher = process.stdout.watcher
+    assert watcher is not None and watcher.active
+    session.close()
+    assert not watcher.active
+    session.sink_ready()
+    assert not watcher.active
+
+
 def test_the_exit_waits_for_the_replay_and_follows_it() -> None:
     session, process = make_session(pty=True)
     (stdout,) = started(session)

@@ -12,7 +12,7 @@ import anyio.abc
 import anyio.lowlevel
 import pytest
 
-from ttyserve.transport.readiness import serve_readable
+from ttyserve.transport.readiness import ReadableService
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -58,7 +58,7 @@ async def test_the_callback_runs_while_readable_and_may_start_tasks(
             os.write(write_fd, b"b")
 
         tg.start_soon(write_twice)
-        assert await serve_readable(read_fd, readable)  # until the callback said stop
+        assert await ReadableService().serve(read_fd, readable)  # until the callback said stop
         await started[1].wait()
     assert not still_watched(read_fd)
     os.write(write_fd, b"c")  # no longer served: the callback does not read this
@@ -76,7 +76,7 @@ async def test_what_the_callback_raises_is_raised_in_the_task(pipe: tuple[int, i
         raise ValueError(os.read(read_fd, 1))
 
     with pytest.raises(ValueError, match="x"):
-        await serve_readable(read_fd, readable)
+        await ReadableService().serve(read_fd, readable)
     assert not still_watched(read_fd)
 
 
@@ -93,7 +93,7 @@ async def test_cancelled_it_stops_watching_and_the_callback_never_runs(
         return True
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve_readable, read_fd, readable)
+        tg.start_soon(ReadableService().serve, read_fd, readable)
         await anyio.wait_all_tasks_blocked()
         os.write(write_fd, b"a")
         await served.wait()  # it is watched
@@ -110,7 +110,7 @@ async def test_cancelled_it_stops_watching_and_the_callback_never_runs(
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_no_readiness_callbacks_under_trio(anyio_backend: str,
                                                   pipe: tuple[int, int]) -> None:
-    assert not await serve_readable(pipe[0], lambda: False)  # the caller waits as usual
+    assert not await ReadableService().serve(pipe[0], lambda: False)  # the caller waits as usual
 
 
 @pytest.mark.asyncio
@@ -120,6 +120,6 @@ async def test_a_regular_file_is_not_served(tmp_path: Path) -> None:
     path.write_bytes(b"x")
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert not await serve_readable(fd, lambda: False)
+        assert not await ReadableService().serve(fd, lambda: False)
     finally:
         os.close(fd)

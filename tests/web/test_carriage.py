@@ -39,7 +39,8 @@ TOKEN = "web-token-for-tests"
 @pytest.fixture
 def web_server(short_dir: Path) -> Iterator[ServerProcess]:
     """A `ws:` listener that made its own token (so it printed the `browse` line)."""
-    server = start_server(short_dir, "--command", SH, "--allow-origin", "https://trusted.example",
+    # Written as people do, with its default port: allowed all the same as browsers send it.
+    server = start_server(short_dir, "--command", SH, "--allow-origin", "HTTPS://trusted.example:443/",
                           "--handshake-timeout", "2", listen=["ws:127.0.0.1:0"],
                           expect_browse=1)
     try:

@@ -7,6 +7,7 @@ connection is each session's `Link`, and hands each session its channel's events
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ import anyio.abc
 from ..defaults import CLIENT_RECEIVE
 from ..errors import ConnectionLost, RemoteProtocolError
 from ..protocol.client import (
+    AttachedReceived,
     ClientConnection,
     ClientEvent,
     DetachedReceived,
@@ -32,6 +34,7 @@ from ..protocol.messages import (
     DEFAULT_ROWS,
     DEFAULT_TERM,
     Attach,
+    Detach,
     Hello,
     Message,
     Open,
@@ -63,6 +66,7 @@ class Connection:
         self.multiplex = multiplex
         self.window = window
         self._sessions: dict[int, Session] = {}
+        self._detach_when_attached: set[int] = set()  # attaches whose waiter gave up
         self._listings: list[tuple[list[Sessions | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
         self._failure: Exception | None = None
@@ -125,13 +129,32 @@ class Connection:
         session = Session(self, channel, windowed=self.window is not None)
         session.pty = pty  # until the server says (a server that does not: what was asked)
         self._sessions[channel] = session
-        await self._write(frame)
         try:
+            await self._write(frame)
             await session.wait_answered()
         except BaseException:
-            self._sessions.pop(channel, None)
+            self._give_up(channel, request)
             raise
         return session
+
+    def _give_up(self, channel: int, request: Open | Attach) -> None:
+        """The `open` or `attach` was cancelled (or failed) before its answer was taken: an
+        opened process is cancelled, not left running unseen; an attached session is
+        detached, not killed, once its `attached` comes (at once if it has)."""
+        self._sessions.pop(channel, None)
+        if self._failure is not None or not self._core.live(channel):
+            return  # refused, or the connection ended: nothing runs for this channel
+        if isinstance(request, Open):
+            self._push(self._core.cancel(channel))
+        elif self._core.opening(channel):
+            self._detach_when_attached.add(channel)
+        else:
+            self._push(self._core.control(channel, Detach()))
+
+    def _push(self, frame: bytes) -> None:
+        """Send ``frame`` with no waiting (from where nothing can wait: a cancel, the reader)."""
+        with contextlib.suppress(anyio.BrokenResourceError):
+            self._outbox.push([frame])
 
     # --- each session's Link ---------------------------------------------------------
 
@@ -247,6 +270,9 @@ class Connection:
                 await waiting.feed(StdinCreditGranted(channel))  # the window is known now
         elif isinstance(event, ErrorReceived) and event.channel == 0:
             self._fail(request_error(event.error))
+        elif isinstance(event, AttachedReceived) and event.channel in self._detach_when_attached:
+            self._detach_when_attached.discard(event.channel)
+            self._push(self._core.control(event.channel, Detach()))
         else:  # the channel's own: its session takes it, and the last one ends it
             ends = isinstance(event, ExitReceived | DetachedReceived | OpenRefused)
             session = (self._sessions.pop(event.channel, None) if ends

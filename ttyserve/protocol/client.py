@@ -158,6 +158,10 @@ class ClientConnection:
         """Whether ``channel`` is opening or open (it has not ended on either side)."""
         return channel in self.channels.live
 
+    def opening(self, channel: int) -> bool:
+        """Whether ``channel``'s `open` (or `attach`) still waits for its answer."""
+        return self.channels.state(channel) is ChannelState.OPENING
+
     @property
     def max_frame(self) -> int:
         """The largest payload the server takes (what `welcome` said; the default until

@@ -34,12 +34,13 @@ class ChannelHost(Protocol):
         connection's send queue is full or the channel has ended."""
         ...
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> bool:
-        """Frame output and hand it to the writer; whether the send queue has room left."""
+    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
+        """Frame output and hand it to the writer (within `output_limit`)."""
         ...
 
-    def frame_attached(self, channel: int, answer: Attached) -> None:
-        """Answer the channel's `attach`."""
+    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+        """Answer the channel's `attach`: from here on the channel is ``attachment``'s (its
+        exit may end it before `Attachment.attach` returns)."""
         ...
 
     def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
@@ -74,7 +75,7 @@ class Attachment:
         attachment = cls(host, channel, session)
         attachment._replay = collections.deque(ring.snapshot())
         attachment.live = False
-        host.frame_attached(channel, Attached(session=session.id, pid=session.pid,
+        host.frame_attached(attachment, Attached(session=session.id, pid=session.pid,
                                               pty=session.spec.pty, dropped=ring.dropped))
         session.attach(attachment)
         attachment.resume()

@@ -133,7 +133,7 @@ def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
     """Merge default < file < environment < flags; raise ConfigError naming the culprit."""
     environ = os.environ if environ is None else environ
     flags = {key: getattr(args, key) for key in options() if hasattr(args, key)}
-    config_path = args.config or environ.get(ENV_PREFIX + "CONFIG")
+    config_path = args.config or environ.get(env_name("config"))
     file_values = _from_file(config_path) if config_path else {}
     merged = {
         **_validate(file_values, "file", ConfigError),

@@ -100,10 +100,7 @@ class ConnectionHandler:
                 self.core.close(RemoteProtocolError(
                     f"no {'open' if self.core.hello else 'hello'} within "
                     f"{self._handshake_timeout:g} s"))
-            self.core.close()  # nothing more is framed: what is framed still goes out
-            for attachment in list(self.attachments.values()):
-                self._leave(attachment)  # as `cancel` does, or `detach` (section 9)
-            self.flush()
+            self._end_channels()
             self.outbox.close()
             # The session's last frames go out however slowly the client reads;
             # a client that never reads holds only its own connection.
@@ -146,10 +143,7 @@ class ConnectionHandler:
         if (socket is None or not self._service.serving or self.outbox.broken
                 or not self.outbox.idle):
             return False
-        self.core.close()
-        for attachment in list(self.attachments.values()):
-            self._leave(attachment)
-        self.flush()
+        self._end_channels()
         if not self.outbox.idle:
             return False  # what the core framed last waits to be sent: the task does the rest
         self.outbox.close()
@@ -160,6 +154,14 @@ class ConnectionHandler:
         self._discarding = True
         self._service.end_by(anyio.current_time() + CLOSE_TIMEOUT)
         return True
+
+    def _end_channels(self) -> None:
+        """The close: nothing more is framed (what is framed still goes out), and every
+        session is let go, as `cancel` does, or `detach` (section 9)."""
+        self.core.close()
+        for attachment in list(self.attachments.values()):
+            self._leave(attachment)
+        self.flush()
 
     async def _interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
         """``wait``, unless `_stop_reading` or ``deadline`` cuts it short (then None)."""
@@ -186,13 +188,13 @@ class ConnectionHandler:
     def output_limit(self, channel: int) -> int:
         return self.core.output_limit(channel) if self.outbox.has_room else 0
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> bool:
+    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
         if self.core.send_output(channel, kind, data):
             self.flush()
-        return self.outbox.has_room
 
-    def frame_attached(self, channel: int, answer: Attached) -> None:
-        self.core.attached(channel, answer)
+    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+        self.attachments[attachment.channel] = attachment
+        self.core.attached(attachment.channel, answer)
 
     def stdin_consumed(self, channel: int, size: int) -> None:
         self.core.stdin_consumed(channel, size)
@@ -288,6 +290,9 @@ class ConnectionHandler:
         except Exception as exc:  # a fault: raised in the task, as if it had acted
             self._later = functools.partial(_raise, exc)
         self.flush()
+        if self._discarding:  # closed by what it just read: this callback drains the client
+            self._later = None
+            return True
         return (self._later is None and not core.closing and not self._stopped
                 and self.outbox.has_room)
 
@@ -326,14 +331,13 @@ class ConnectionHandler:
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
-            if self.gate.delay(self.peer):
-                return functools.partial(self._hello, event)
+            if delay := self.gate.delay(self.peer):
+                return functools.partial(self._hello, event, delay)
             self._answer_hello(event)
         return None
 
-    async def _hello(self, event: HelloReceived) -> None:
+    async def _hello(self, event: HelloReceived, delay: float) -> None:
         """A peer that keeps guessing waits longer each time (and has as long more)."""
-        delay = self.gate.delay(self.peer)
         await self._interruptibly(anyio.sleep(delay))
         self._deadline += delay
         self._answer_hello(event)
@@ -398,7 +402,7 @@ class ConnectionHandler:
         if session.pending_exit is None and (request.rows or request.cols):
             rows, cols = session.size
             session.resize(request.rows or rows, request.cols or cols)
-        self.attachments[channel] = Attachment.attach(self, channel, session)
+        Attachment.attach(self, channel, session)
         self.registry.note_soon(session, SessionAttach, str(self.peer))
 
     def _detach(self, channel: int) -> None:

@@ -131,7 +131,8 @@ class OutputPump:
             self._watch.stop()
 
     def stop(self) -> None:
-        """No more readiness callbacks (the session is over)."""
+        """No more readiness callbacks, ever (the session is over: its streams are closed)."""
+        self.done = True
         if self._watch is not None:
             self._watch.stop()
 

@@ -85,6 +85,7 @@ class SessionRegistry:
         # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
         self.closing = False  # a graceful shutdown began: no new sessions
+        self._opening = 0  # admitted opens that await their spawn or start record
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
@@ -122,7 +123,7 @@ class SessionRegistry:
         or this connection's limit)."""
         if self.closing:
             raise shutting_down()
-        if len(self.sessions) >= self.settings.max_sessions:
+        if len(self.sessions) + self._opening >= self.settings.max_sessions:
             raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
         self.check_room(sessions_here)
 
@@ -139,19 +140,25 @@ class SessionRegistry:
         bad_request or forbidden from the policy, spawn_failed)."""
         spec = self._admit_open(request, peer, sessions_here)
         session_id = self._new_id(request.detachable)
+        self._opening += 1  # counted against --max-sessions while it awaits
         try:
-            process = await self.backend.spawn(spec)
-        except OSError as exc:
-            failure = exc.errno
-            await self._record(lambda journal: journal.append(
-                journal.start_record(session_id, peer, spec.argv, spec.pty, None),
-                SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
-                           errno=failure)))
-            raise _spawn_failed(exc, peer) from exc
-        session = self._session(session_id, process, spec, owner, peer, request.detachable)
-        # Shielded: a cancel now must not leave a process without its record, nor its owner.
-        session.recorded = await self._record(lambda journal: journal.append(
-            journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+            try:
+                process = await self.backend.spawn(spec)
+            except OSError as exc:
+                failure = exc.errno
+                await self._record(lambda journal: journal.append(
+                    journal.start_record(session_id, peer, spec.argv, spec.pty, None),
+                    SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
+                               errno=failure)))
+                raise _spawn_failed(exc, peer) from exc
+            session = self._session(session_id, process, spec, owner, peer,
+                                    request.detachable)
+            # Shielded: a cancel now must not leave a process without its record, nor its
+            # owner.
+            session.recorded = await self._record(lambda journal: journal.append(
+                journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+        finally:
+            self._opening -= 1
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -205,17 +212,21 @@ class SessionRegistry:
             start_recording(session, settings.record, settings.record_input,
                             self._task_group)
         self.sessions[session.id] = session
+        if self.closing:  # the shutdown began while it was spawned: hung up as the others
+            session.hang_up()
         return session
 
     def attach(self, request: Attach, owner: str, sessions_here: int) -> ServerSession:
         """Admit an attach to ``owner``'s detachable session: RequestError shutting_down,
-        no_such_session (unknown, expired, not detachable, or another principal's, alike so
-        its existence is not revealed), session_in_use (attached elsewhere, unless
-        ``request.steal``: the other channel then ends with `detached` "stolen"), or busy."""
+        no_such_session (unknown, expired or being ended, not detachable, or another
+        principal's, alike so its existence is not revealed), session_in_use (attached
+        elsewhere, unless ``request.steal``: the other channel then ends with `detached`
+        "stolen"), or busy."""
         if self.closing:
             raise shutting_down()
         session = self.sessions.get(request.session)
-        if session is None or not session.detachable or session.owner != owner:
+        if (session is None or not session.detachable or session.owner != owner
+                or session.ending is not None):
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such session: unknown, expired, or not yours")
         if session.sink is not None and not request.steal:
@@ -226,8 +237,7 @@ class SessionRegistry:
         if previous is not None:
             session.sink = None
             previous.release(STOLEN)
-        self.deadline_moved()
-        return session
+        return session  # (the sweeper plans again with the attach's `note_soon`)
 
     def listing(self, owner: str) -> list[SessionInfo]:
         """``owner``'s detachable sessions, for `list`."""
@@ -239,7 +249,8 @@ class SessionRegistry:
     # --- running -----------------------------------------------------------------------
 
     def start(self, session: ServerSession) -> None:
-        """Run an opened (and attached) session in the registry's task group."""
+        """Run an opened (and attached) session: on the loop's callbacks alone where it can,
+        else as a task of the registry's."""
         assert self._tasks is not None, "SessionRegistry.running() is not entered"
         self._running += 1
         if not session.start(self._session_over):
@@ -326,19 +337,18 @@ class SessionRegistry:
                 return False
         return True
 
-    async def note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
-                   peer: str) -> None:
-        """A detach or an attach: the sweeper plans again, and the journal records it."""
-        self.deadline_moved()
-        await self._record(lambda journal: journal.append(
-            kind(id=session.id, at=journal.now(), peer=peer)))
-
     def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
                   peer: str) -> None:
-        """`note`, from where nothing can wait (a callback, a connection that is ending)."""
+        """A detach or an attach: the sweeper plans again, and the journal records it (in a
+        task: this is called from where nothing can wait)."""
         self.deadline_moved()
         if self.journal is not None and self._task_group is not None:
-            self._task_group.start_soon(self.note, session, kind, peer)
+            self._task_group.start_soon(self._note, session, kind, peer)
+
+    async def _note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
+                    peer: str) -> None:
+        await self._record(lambda journal: journal.append(
+            kind(id=session.id, at=journal.now(), peer=peer)))
 
     # --- the sweeper, and the end ----------------------------------------------------
 

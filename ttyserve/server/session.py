@@ -290,15 +290,14 @@ class ServerSession:
         self.process.release()
 
     async def _run(self) -> Exit:
-        self.reaped(await self.process.wait())
+        if self._exit_watch is not None:
+            self._exit_watch.stop()  # this task waits for the exit instead
+        if self._status is None:
+            self.reaped(await self.process.wait())
         if self._open_streams:
             with anyio.move_on_after(self._linger):
                 await self._until_settled()
-            # The linger ran out: each stream sends what is buffered now, then stops.
-            if self.process.stderr is not None:
-                self._stderr_pump()
-            for pump in self._pumps:
-                pump.last_chunk()
+            self._linger_over()
             await self._until_settled()
         assert self._status is not None
         return self._status

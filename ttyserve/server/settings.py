@@ -10,6 +10,7 @@ the same validation as `serve`: ConfigError naming the setting.
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import re
 import shlex
@@ -35,6 +36,7 @@ from ..defaults import (
 )
 from ..errors import ConfigError
 from ..protocol.frames import DEFAULT_MAX_FRAME
+from ..web.origin import normal_origin
 from .auth import Access
 from .policy import Policy
 
@@ -134,10 +136,10 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"invalid setting: {exc}") from None
         finally:
             _checking.reset(checking)
-        if not self.default_argv and self.command is not None:
+        if self.command is not None and not self.default_argv:
             raise ConfigError(f"command {self.command!r} names no program")
         for origin in self.allow_origin:
-            if not _ORIGIN.fullmatch(origin.strip().lower().rstrip("/")):
+            if not _ORIGIN.fullmatch(normal_origin(origin)):
                 raise ConfigError(f"allow_origin {origin!r}: expected an origin such as "
                                   "https://example.com or http://127.0.0.1:8080")
 
@@ -165,7 +167,7 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def allowed_origins(self) -> frozenset[str]:
         """The other origins whose pages may open the WebSocket, as browsers write them."""
-        return frozenset(origin.strip().lower().rstrip("/") for origin in self.allow_origin)
+        return frozenset(normal_origin(origin) for origin in self.allow_origin)
 
     @property
     def keeps_detached(self) -> bool:
@@ -174,10 +176,11 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return not self.stdio
 
 
+@functools.cache
 def options() -> dict[str, tuple[Any, msgspec.Meta, Any]]:
     """Every option, in order: its name, its type, its Meta (help, placeholder), its
-    default. (Not msgspec.structs.fields: it imports typing_extensions, 15 ms of start-up
-    for every `serve --stdio` a carrier starts.)"""
+    default; read once, not to be changed. (Not msgspec.structs.fields: it imports
+    typing_extensions, 15 ms of start-up for every `serve --stdio` a carrier starts.)"""
     hints = typing.get_type_hints(ServerSettings, include_extras=True)
     defaults = msgspec.structs.asdict(ServerSettings())
     found = {}

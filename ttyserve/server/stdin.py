@@ -71,8 +71,8 @@ class StdinQueue:
 
     def feed_eof(self) -> None:
         """End of input, behind what is queued. An `eof` while one still waits is the same
-        one (so a client cannot grow the queue with them)."""
-        if not (self._queue and isinstance(self._queue[-1], Eof)):
+        one (so a client cannot grow the queue with them). Nothing once input is over."""
+        if not self._broken and not (self._queue and isinstance(self._queue[-1], Eof)):
             self._append(Eof())
 
     @property

@@ -5,11 +5,12 @@ pair, a future and a task step each time; a callback registered once and run
 by the loop the moment the descriptor is readable costs none of them, and
 halves the server's CPU time per keystroke. Only asyncio's selector loops
 (and uvloop) call back on readiness; elsewhere (trio) there is no `Watch` and
-`serve_readable` says no, and the caller waits the ordinary way.
+`ReadableService.serve` says no, and the caller waits the ordinary way.
 
-Two shapes: `serve_readable`, an awaitable for a task that can hand the work to
-the loop while it would only wait (a connection's reader), and `Watch`, started
-and stopped at will, for work that has no task of its own (a session's output).
+Two shapes: `ReadableService`, an awaitable for a task that can hand the work to
+the loop while it would only wait (a connection's reader, a close's drain), and
+`Watch`, started and stopped at will, for work that has no task of its own (a
+session's output).
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def watch_readable(fd: int, callback: Callable[[], None]) -> Watch | None:
 
 
 class ReadableService:
-    """`serve_readable` for one task at a time, which can also be ended from outside (`wake`)
-    or at a deadline: the task waiting in it needs no cancel scope for either."""
+    """A descriptor's reads done by the loop's readiness callback for a task that waits
+    meanwhile; one task at a time, and it can be ended from outside (`wake`) or at a
+    deadline: the task waiting in it needs no cancel scope for either."""
 
     __slots__ = ("_done", "_timer")
 
@@ -160,7 +162,3 @@ class ReadableService:
         done.set_result(None)
         return True
 
-
-async def serve_readable(fd: int, callback: Callable[[], bool]) -> bool:
-    """`ReadableService.serve` with no way to end it but the callback (or a cancel)."""
-    return await ReadableService().serve(fd, callback)

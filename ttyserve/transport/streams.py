@@ -271,7 +271,10 @@ class StreamTransport:
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         data = b"".join(buffers)
-        await self.stream.send(data)
+        try:
+            await self.stream.send(data)
+        except anyio.EndOfStream:  # TLS that the peer closed: the send is broken
+            raise anyio.BrokenResourceError("the peer closed the connection") from None
         return len(data)
 
     async def send_eof(self, protocol_error: bool = False) -> None:

@@ -1,0 +1,47 @@
+"""The transports' contract at their edge: a peer that is gone is `BrokenResourceError` on
+send, whatever carries the bytes (here TLS, over a real socket pair)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+
+import anyio
+import anyio.abc
+import pytest
+import trustme
+from anyio.streams.tls import TLSStream
+
+from ttyserve.transport.streams import StreamTransport
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(10)]
+
+
+async def test_a_send_to_a_tls_peer_that_closed_is_broken() -> None:
+    """A TLS send to a peer that has gone fails with anyio's EndOfStream where the stream
+    takes a close without close_notify as an end (as our client's does); for the writers
+    (the outbox) a peer that is gone is BrokenResourceError, always."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    ours, theirs = socket.socketpair()
+    async with anyio.create_task_group() as tg:
+        wrapped: list[TLSStream] = []
+
+        async def wrap_ours() -> None:
+            wrapped.append(await TLSStream.wrap(  # as the client dials (dial.py)
+                await anyio.abc.SocketStream.from_socket(ours), hostname="localhost",
+                ssl_context=client_context, standard_compatible=False))
+
+        tg.start_soon(wrap_ours)
+        peer = await TLSStream.wrap(await anyio.abc.SocketStream.from_socket(theirs),
+                                    server_side=True, ssl_context=server_context)
+    transport = StreamTransport(wrapped[0])
+    await peer.transport_stream.aclose()  # gone, with no close_notify (a server killed)
+    with pytest.raises(anyio.EndOfStream):
+        await transport.receive(1024)
+    with pytest.raises(anyio.BrokenResourceError):
+        await transport.send_some([b"after the end"])
+    await transport.aclose()
