@@ -91,6 +91,9 @@ class FakeProcess:
         self.stdin = bytearray()
         self.signals: list[int] = []
         self.hung_up = 0
+        self.stdin_closed = False  # `send_eof` was called
+        self.size: tuple[int, int] | None = None  # the terminal's, once resized
+        self.released = False  # its descriptors were let go (`release`, `aclose`)
 
     def write_nowait(self, data: bytes) -> int:
         self.stdin += data
@@ -100,10 +103,10 @@ class FakeProcess:
         self.stdin += data
 
     async def send_eof(self) -> None:
-        pass
+        self.stdin_closed = True
 
     def resize(self, rows: int, cols: int) -> None:
-        pass
+        self.size = (rows, cols)
 
     def send_signal(self, signum: int) -> None:
         self.signals.append(signum)
@@ -119,10 +122,10 @@ class FakeProcess:
         raise AssertionError("no waiting in a test with no event loop")
 
     async def aclose(self) -> None:
-        pass
+        self.released = True
 
     def release(self) -> None:
-        pass
+        self.released = True
 
 
 def make_session(*, pty: bool = False, detachable: bool = True, session_id: str = "s1",

@@ -8,7 +8,7 @@ import signal
 from server.fakes import FakeProcess, Wire, controls, make_session, output
 
 from ttyserve.protocol.frames import FrameKind
-from ttyserve.protocol.messages import Exit, Signal
+from ttyserve.protocol.messages import Exit, Resize, Signal
 from ttyserve.server.attachment import Attachment
 from ttyserve.server.journal import Reason
 from ttyserve.server.pump import OutputPump, Stall
@@ -25,8 +25,10 @@ def end_stream(process: FakeProcess, pump: OutputPump, data: bytes = b"") -> Non
     assert source is not None
     source.write(data)
     source.close()
-    while pump.step() is not Stall.DONE:
-        pass
+    for _ in range(len(data) + 2):  # a step per chunk at most, and one to learn the end
+        if pump.step() is Stall.DONE:
+            return
+    raise AssertionError("the pump did not reach the end of its stream")
 
 
 def test_the_exit_waits_for_every_stream_and_goes_once_after_all_output() -> None:
@@ -110,7 +112,7 @@ def test_a_closed_session_never_watches_its_streams_again() -> None:
     watcher = process.stdout.watcher
     assert watcher is not None and watcher.active
     session.close()
-    assert not watcher.active
+    assert not watcher.active and process.released
     session.sink_ready()
     assert not watcher.active
 
@@ -182,11 +184,13 @@ def test_a_hang_up_is_the_end_reason_only_of_a_process_it_ended() -> None:
 
 
 def test_stdin_the_process_takes_is_counted_and_signals_go_at_once() -> None:
-    session, process = make_session()
+    session, process = make_session(pty=True)
     assert session.feed_stdin(b"keys") == 4
     session.control(Signal(name="INT"))
+    session.control(Resize(rows=30, cols=100))
     assert (bytes(process.stdin), session.bytes_in, process.signals) == (
         b"keys", 4, [signal.SIGINT])
+    assert process.size == session.size == (30, 100)  # an attach naming rows alone keeps cols
 
 
 def _window(channel: int, size: int) -> bytes:
