@@ -29,6 +29,7 @@ STDIN_READ = 64 * 1024  # one read of `exec`'s own stdin
 HTTP_RECEIVE = 64 * 1024  # one read of a web listener's request (its head is 16 KiB at most)
 WEBSOCKET_RECEIVE = 256 * 1024  # one read under the WebSocket carriage, both sides
 DRAIN_RECEIVE = 64 * 1024  # one read of what a peer still sends while a connection closes
+CARRIER_STDERR_READ = 64 * 1024  # one read of a carrier's stderr (ssh's diagnostics)
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
 OUTBOX_LIMIT = 1 << 20  # bytes queued for a connection before its producers wait
 KILL_GRACE = 1.0  # seconds between a session's hang-up (SIGHUP) and SIGKILL when it is ended

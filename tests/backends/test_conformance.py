@@ -15,6 +15,7 @@ import os
 import resource
 import signal
 import stat
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -363,6 +364,24 @@ async def test_orphans_of_a_session_are_adopted_and_reaped(real_kit: Kit) -> Non
             with suppress(ProcessLookupError):
                 os.kill(orphan, signal.SIGKILL)
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("pty", MODES)
+async def test_a_backend_that_adopts_nothing_reaps_no_other_child(real_kit: Kit,
+                                                                 pty: bool) -> None:
+    """A backend whose orphan reaper does not run (a server embedded in another program)
+    reaps only its own sessions: ending a group it waits for never takes the status of the
+    program's other children."""
+    theirs = subprocess.Popen([SH, "-c", "exit 7"], start_new_session=True)
+    try:
+        os.waitid(os.P_PID, theirs.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        script = "trap '' HUP; sleep 30 & echo started; wait"  # a group that outlives the HUP
+        async with spawned(real_kit, [SH, "-c", script], pty) as process:
+            assert isinstance(process, LocalProcess)
+            await read_until(process, b"started")
+            await process.end_group(grace=0.3)  # waits for the group, killed after the grace
+    finally:
+        assert theirs.wait(5) == 7
 
 
 def parent_of(pid: int) -> int | None:

@@ -41,8 +41,9 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 async def test_pipe_session_streams_and_status(server_process: ServerProcess) -> None:
     async with connect(server_process.addresses[0]) as conn:
-        session = await conn.spawn([SH, "-c", "echo out; echo err >&2; exit 5"], pty=False)
-        assert isinstance(session.pid, int)
+        argv = [SH, "-c", "echo out; echo err >&2; exit 5"]
+        session = await conn.spawn(argv, pty=False)
+        assert isinstance(session.pid, int) and session.argv == argv  # as the server ran it
         chunks = [(c.stream, c.data) async for c in session]
     assert sorted(chunks) == [("stderr", b"err\n"), ("stdout", b"out\n")]
     assert session.status == Exit(code=5)

@@ -102,6 +102,19 @@ def test_stderr_of_a_pty_session_is_an_error() -> None:
         feed(core, data(1, b"x", FrameKind.STDERR))
 
 
+def test_what_opened_says_of_the_pty_is_what_counts() -> None:
+    """A PTY asked for but refused by the server (`"pty": false` in `opened`) is a pipe
+    session: its STDERR is fine. And the other way round."""
+    core = client()
+    core.open(1, Open(pty=True))
+    core.open(2, Open(pty=False))
+    feed(core, out(1, Opened(pid=1, pty=False)) + out(2, Opened(pid=2, pty=True)))
+    assert feed(core, data(1, b"e", FrameKind.STDERR)) == [
+        OutputReceived(1, FrameKind.STDERR, b"e")]
+    with pytest.raises(RemoteProtocolError, match="PTY"):
+        feed(core, data(2, b"x", FrameKind.STDERR))
+
+
 def test_output_beyond_the_granted_credit_is_an_error() -> None:
     core = client(10, False, 1)
     feed(core, data(1, b"x" * 10))

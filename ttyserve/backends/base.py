@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 
@@ -161,6 +161,16 @@ class Backend(Protocol):
 
     async def spawn(self, spec: ProcessSpec) -> ProcessHandle:
         """Start ``spec``; raises errors.SpawnError with an errno on failure."""
+        ...
+
+
+@runtime_checkable
+class SpawnsAtOnce(Protocol):
+    """A backend whose spawn waits for nothing (posix_spawn returns once the child runs): an
+    `open` can then be answered from where nothing can wait (a readiness callback)."""
+
+    def spawn_nowait(self, spec: ProcessSpec) -> ProcessHandle:
+        """`spawn`, at once."""
         ...
 
 

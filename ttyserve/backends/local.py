@@ -109,15 +109,18 @@ class LocalProcess:
 
     ``live`` is the backend's set of unreaped session leaders (the orphan reaper
     leaves them alone); ``on_reaped`` is told the pid and status once, when they
-    are known; ``watch`` makes what wakes `wait` (a pidfd, else polling).
+    are known; ``sweep`` reaps the group's members that were orphaned to us (where
+    we adopt orphans); ``watch`` makes what wakes `wait` (a pidfd, else polling).
     """
 
     def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
                  live: set[int], on_reaped: OnReaped | None = None, *,
+                 sweep: Callable[[], object] | None = None,
                  watch: WatchFactory = open_exit_watch) -> None:
         self.pid = pid
         self._live = live
         self._on_reaped = on_reaped
+        self._sweep = sweep
         live.add(pid)
         self.stdout = stdout
         self.stderr = stderr
@@ -259,15 +262,19 @@ class LocalProcess:
         with anyio.move_on_after(grace):
             await self.wait()
             while group_alive(self.pid) and time.monotonic() < deadline:
-                reap_orphans(self._live)  # members that were orphaned: ours to reap
+                self._sweep_orphans()  # members orphaned to us hold the group until reaped
                 await anyio.sleep(_POLL)
         signal_group(self.pid, signal.SIGKILL)
         status = await self.wait()
         with anyio.move_on_after(grace):  # killed members vanish once reaped
             while group_alive(self.pid):
-                reap_orphans(self._live)
+                self._sweep_orphans()
                 await anyio.sleep(_POLL)
         return status
+
+    def _sweep_orphans(self) -> None:
+        if self._sweep is not None:
+            self._sweep()
 
     async def aclose(self) -> None:
         if not self.returned:
@@ -308,9 +315,10 @@ class PtyProcess(LocalProcess):
     """stdio is a terminal; the master is both the input and the output."""
 
     def __init__(self, pid: int, master: int, live: set[int],
-                 on_reaped: OnReaped | None = None, *,
+                 on_reaped: OnReaped | None = None, *, sweep: Callable[[], object] | None = None,
                  watch: WatchFactory = open_exit_watch) -> None:
-        super().__init__(pid, master, FdSource(master), None, live, on_reaped, watch=watch)
+        super().__init__(pid, master, FdSource(master), None, live, on_reaped, sweep=sweep,
+                         watch=watch)
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
@@ -387,8 +395,13 @@ class ChildBackend(ABC):
                 self._adopting = False
 
     def _leader_reaped(self, pid: int, status: Exit) -> None:
-        # A SIGCHLD pass stops at a leader that its session had not reaped yet;
-        # orphans queued behind it are reaped now.
+        # A sweep stops at a leader that its session had not reaped yet; orphans queued
+        # behind it are reaped now.
+        self._sweep_orphans()
+
+    def _sweep_orphans(self) -> None:
+        """Reap orphans now, where this server adopts them (it is their subreaper): never
+        another program's children, when the server is embedded in one."""
         if self._adopting:
             reap_orphans(self.live)
 
@@ -396,7 +409,12 @@ class ChildBackend(ABC):
         cwd = spec.cwd or self.default_cwd
         check_cwd(cwd)
         env, path = self.environment.for_session(spec)
-        return resolve_executable(spec.argv[0], path, cwd), env, cwd
+        return self._executable(spec.argv[0], path, cwd), env, cwd
+
+    def _executable(self, name: str, path: str, cwd: str) -> str:
+        """What the child executes for ``name``: found as execvp would, with the session's
+        PATH and cwd (SpawnError when nothing is)."""
+        return resolve_executable(name, path, cwd)
 
     async def spawn(self, spec: ProcessSpec) -> LocalProcess:
         """Start ``spec``; raises errors.SpawnError with an errno on failure."""
@@ -410,7 +428,8 @@ class ChildBackend(ABC):
             return self._spawn_pipe(spec, executable, env, cwd)
         pid, master = self._start_on_terminal(spec, executable, env, cwd)
         os.set_blocking(master, False)
-        return self.pty_process(pid, master, self.live, self._leader_reaped, watch=self.watch)
+        return self.pty_process(pid, master, self.live, self._leader_reaped,
+                                sweep=self._sweep_orphans, watch=self.watch)
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
                     cwd: str) -> PipeProcess:
@@ -429,7 +448,7 @@ class ChildBackend(ABC):
             os.set_blocking(fd, False)
         return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
                                  FdSource(stderr_r, growable=True), self.live, self._leader_reaped,
-                                 watch=self.watch)
+                                 sweep=self._sweep_orphans, watch=self.watch)
 
     @abstractmethod
     def _start_on_terminal(self, spec: ProcessSpec, executable: str, env: list[bytes],
@@ -463,13 +482,9 @@ class LocalBackend(ChildBackend):
                         stdio: tuple[int, int, int]) -> int:
         return spawn(executable, spec.argv, env, cwd, Stdio(fds=stdio))
 
-    def _prepare(self, spec: ProcessSpec) -> tuple[str, list[bytes], str]:
-        """As every backend prepares, except that a command found on the server's own PATH is
-        looked for by posix_spawnp in the child (no stat per PATH entry here)."""
-        cwd = spec.cwd or self.default_cwd
-        check_cwd(cwd)
-        env, path = self.environment.for_session(spec)
-        name = spec.argv[0]
+    def _executable(self, name: str, path: str, cwd: str) -> str:
+        """A command on the server's own PATH is looked for by posix_spawnp in the child (no
+        stat per PATH entry here); any other as every backend finds it."""
         if name and "/" not in name and path == self.environment.path:
-            return name, env, cwd  # spawn() searches PATH, as execvp would
-        return resolve_executable(name, path, cwd), env, cwd
+            return name
+        return resolve_executable(name, path, cwd)

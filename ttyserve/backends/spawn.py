@@ -136,7 +136,12 @@ def resolve_executable(name: str, path: str, cwd: str) -> str:
         denied = True
     if denied:
         raise SpawnError(errnos.EACCES, f"{name}: Permission denied")
-    raise SpawnError(errnos.ENOENT, f"{name}: command not found")
+    raise not_found(name)
+
+
+def not_found(name: str) -> SpawnError:
+    """A command that no PATH entry holds (or no file at its path)."""
+    return SpawnError(errnos.ENOENT, f"{name}: command not found")
 
 
 def check_cwd(cwd: str) -> None:
@@ -197,7 +202,7 @@ def spawn(
         if result != 0:
             name = argv[0] if argv else executable
             if searched and result == errnos.ENOENT:
-                raise SpawnError(result, f"{name}: command not found")
+                raise not_found(name)
             raise SpawnError(result, f"{name}: {os.strerror(result)}")
         return pid.value
     finally:

@@ -31,7 +31,7 @@ from ..errors import (
     SessionDetached,
 )
 from ..exitcodes import ExecExit, exec_exit_code
-from ..protocol.messages import DEFAULT_TERM, STOLEN
+from ..protocol.messages import DEFAULT_TERM, STOLEN, members
 from . import terminal
 from .exec_report import (
     FORWARDED,
@@ -39,7 +39,6 @@ from .exec_report import (
     ExecOptions,
     Output,
     connection_ended,
-    exit_members,
     output_closed,
     retry_delay,
     say,
@@ -216,7 +215,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
         await session.cancel()
         raise abort
     assert session.status is not None
-    out.event("exit", **exit_members(session.status))
+    out.event("exit", **members(session.status))
     return exec_exit_code(session.status)
 
 

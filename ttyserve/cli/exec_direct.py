@@ -17,7 +17,7 @@ import time
 from types import FrameType
 
 from ..client.retry import RETRIED
-from ..defaults import CLIENT_NAME, CLIENT_RECEIVE, STDIN_READ
+from ..defaults import CLIENT_NAME, CLIENT_RECEIVE, OUTBOX_LIMIT, STDIN_READ
 from ..errors import ConnectionLost, RemoteProtocolError
 from ..exitcodes import exec_exit_code
 from ..protocol.client import (
@@ -29,14 +29,22 @@ from ..protocol.client import (
     OutputReceived,
 )
 from ..protocol.frames import FrameKind
-from ..protocol.messages import PROTOCOL_VERSION, Eof, Exit, Hello, Open, Signal, request_error
+from ..protocol.messages import (
+    PROTOCOL_VERSION,
+    Eof,
+    Exit,
+    Hello,
+    Open,
+    Signal,
+    members,
+    request_error,
+)
 from .exec_report import (
     FORWARDED,
     ExecFailure,
     ExecOptions,
     Output,
     connection_ended,
-    exit_members,
     output_closed,
     retry_delay,
     say,
@@ -45,7 +53,6 @@ from .exec_report import (
 )
 from .terminal import window_size
 
-SEND_AHEAD = 1 << 20  # bytes of stdin framed but not yet sent before we stop reading stdin
 CHANNEL = 1
 
 
@@ -213,7 +220,7 @@ def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool)
     while session.status is None:
         session.send_now()
         poll.register(sock, select.POLLIN | (select.POLLOUT if session.outgoing else 0))
-        reading_stdin = stdin_open and not session.broken and len(session.outgoing) < SEND_AHEAD
+        reading_stdin = stdin_open and not session.broken and len(session.outgoing) < OUTBOX_LIMIT
         if reading_stdin != stdin_polled:
             if reading_stdin:
                 poll.register(0, select.POLLIN)
@@ -233,7 +240,7 @@ def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool)
             stdin_open = _read_stdin(session)
         if ready.get(sock.fileno()) and session.receive():
             _act(session, out)
-    out.event("exit", **exit_members(session.status))
+    out.event("exit", **members(session.status))
     return exec_exit_code(session.status)
 
 

@@ -33,14 +33,13 @@ from ..credentials import tls_context
 from ..errors import CarrierError, ConfigError, RequestError, TargetFailure
 from ..exitcodes import ExecExit
 from ..lines import LineBuffer, write_all
-from ..protocol.messages import error_message
+from ..protocol.messages import error_message, members
 from .exec_report import (
     FORWARDED,
     ExecOptions,
     Output,
     carrier_members,
     error_members,
-    exit_members,
 )
 
 PROGRESS_EVERY = 0.1  # seconds between redraws of the progress line, at most
@@ -168,7 +167,7 @@ def _show(event: Event, screen: Screen, results: dict[str, TargetResult]) -> Non
             if result.status is None:
                 out.event("error", target=target, **_error_members(result, opened))
         if result.status is not None:
-            out.event("exit", target=target, **exit_members(result.status))
+            out.event("exit", target=target, **members(result.status))
         if result.summary.startswith("failed"):
             progress.failed += 1
         else:

@@ -25,7 +25,7 @@ from ..errors import (
 )
 from ..exitcodes import ExecExit, exec_spawn_failure_code
 from ..lines import write_all
-from ..protocol.messages import Error, Exit, SignalName, error_message
+from ..protocol.messages import Error, SignalName, error_message, members
 
 FORWARDED: dict[signal.Signals, SignalName] = {
     signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGHUP: "HUP", signal.SIGQUIT: "QUIT",
@@ -148,17 +148,10 @@ def _json_line(obj: dict[str, object]) -> None:
 
 
 def error_members(error: Error) -> dict[str, object]:
-    return {k: v for k, v in (
-        ("code", error.code), ("message", error.message), ("errno", error.errno),
-        ("retriable", error.retriable), ("retry_after_ms", error.retry_after_ms),
-    ) if v is not None}
-
-
-def exit_members(status: Exit) -> dict[str, object]:
-    return {k: v for k, v in (
-        ("code", status.code), ("signal", status.signal),
-        ("core_dumped", status.core_dumped), ("error", status.error),
-    ) if v is not None}
+    """An `error`'s members for a `--json` event (the channel it names is the wire's)."""
+    fields = members(error)
+    fields.pop("channel", None)
+    return fields
 
 
 def retry_delay(exc: BaseException, options: ExecOptions, attempt: int) -> float:

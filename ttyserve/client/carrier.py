@@ -3,7 +3,7 @@
 
 The carrier is the client's child and is reaped on every way out: leaving closes its
 stdin (the far side sees EOF and cancels its sessions), then it has EXIT_GRACE to end
-before SIGTERM, and KILL_GRACE more before SIGKILL. Its stderr is shown line by line,
+before SIGTERM, and TERM_GRACE more before SIGKILL. Its stderr is shown line by line,
 never parsed; if it ends before `welcome`, its exit status is classified by remedy
 (contracts.md, "One ttyserve, many hosts").
 """
@@ -23,17 +23,17 @@ import anyio.abc
 
 from ..addresses import Address
 from ..backends.watch import open_exit_watch
-from ..defaults import DEFAULT_REMOTE_COMMAND
+from ..defaults import CARRIER_STDERR_READ, DEFAULT_REMOTE_COMMAND
 from ..errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
 from ..exitcodes import ExecExit, ServeExit, signal_name
 from ..lines import LineBuffer, write_all
-from ..transport.streams import PipeTransport
+from ..transport.streams import PipeTransport, close_gracefully
 from .background import beside
 
 STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
 NO_WELCOME_GRACE = 0.5  # the same, before `welcome`: the far side has nothing to finish
-KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL
+TERM_GRACE = 1.0  # seconds between a carrier's SIGTERM and SIGKILL
 STDERR_GRACE = 1.0  # seconds to wait for the rest of its stderr once it ended
 # exec's answers that mean "no such program here"; others (EMFILE, EAGAIN) are this
 # machine's limits, not a missing carrier
@@ -126,11 +126,10 @@ class Carrier:
         seconds, then make it end; return once it is reaped and its stderr is read to the
         end or STDERR_GRACE passed."""
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(anyio.BrokenResourceError):
-                await self.transport.send_eof()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._drain_stdout)
-                for wait, then in ((grace, signal.SIGTERM), (KILL_GRACE, signal.SIGKILL)):
+                # Its stdout read to the end meanwhile: it never blocks writing to us.
+                tg.start_soon(close_gracefully, self.transport, grace + TERM_GRACE)
+                for wait, then in ((grace, signal.SIGTERM), (TERM_GRACE, signal.SIGKILL)):
                     with anyio.move_on_after(wait):
                         await self._reaped()
                     if self.process.returncode is not None:
@@ -153,18 +152,12 @@ class Carrier:
         finally:
             watch.close()
 
-    async def _drain_stdout(self) -> None:
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError,
-                                 anyio.ClosedResourceError):
-            while True:
-                await self.transport.receive(1 << 16)
-
     async def _pump_stderr(self) -> None:
         lines = LineBuffer()
         try:
             while True:
                 try:
-                    data = os.read(self.stderr_fd, 1 << 16)
+                    data = os.read(self.stderr_fd, CARRIER_STDERR_READ)
                 except BlockingIOError:
                     await anyio.wait_readable(self.stderr_fd)
                     continue

@@ -25,6 +25,7 @@ from ..protocol.client import (
     ErrorReceived,
     ExitReceived,
     OpenRefused,
+    OutputReceived,
     SessionsReceived,
     StdinCreditGranted,
     WelcomeReceived,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .carrier import Carrier
 
 FIRST_BYTES_SHOWN = 60
+_CHANNEL_ENDS = (ExitReceived, DetachedReceived, OpenRefused)  # a channel's last event
 
 
 class Connection:
@@ -258,7 +260,10 @@ class Connection:
             self._fail(await self._carrier.failure())
 
     async def _dispatch(self, event: ClientEvent) -> None:
-        if isinstance(event, SessionsReceived):
+        if type(event) is OutputReceived:  # the common case, first
+            if (session := self._sessions.get(event.channel)) is not None:
+                await session.feed(event)
+        elif isinstance(event, SessionsReceived):
             if self._listings:
                 waiter, done = self._listings.pop(0)
                 waiter.append(event.sessions)
@@ -274,7 +279,9 @@ class Connection:
             self._detach_when_attached.discard(event.channel)
             self._push(self._core.control(event.channel, Detach()))
         else:  # the channel's own: its session takes it, and the last one ends it
-            ends = isinstance(event, ExitReceived | DetachedReceived | OpenRefused)
+            ends = isinstance(event, _CHANNEL_ENDS)
+            if ends:
+                self._detach_when_attached.discard(event.channel)  # refused: nothing to detach
             session = (self._sessions.pop(event.channel, None) if ends
                        else self._sessions.get(event.channel))
             if session is not None:

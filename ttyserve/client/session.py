@@ -70,7 +70,7 @@ SessionEvent = (
     OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
     | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded
 )
-_Item = OutputChunk | Exit | Detached | Error | Exception
+_Item = OutputChunk | Exit | Detached | Error
 
 
 class Link(Protocol):
@@ -228,8 +228,6 @@ class Session:
             if isinstance(item, Detached):
                 self.detached = item
                 continue
-            if isinstance(item, Exception):
-                raise item
             self.errors.append(item)
 
     async def wait(self) -> Exit:

@@ -158,9 +158,13 @@ class ChannelTable:
             return record.state
         return ChannelState.ENDED if channel in self.used else None
 
-    def begin(self, channel: int, record: Channel) -> None:
+    def begin(self, channel: int, pty: bool, window: int | None, stdin_window: int) -> None:
+        """``channel``'s `open` (or `attach`): it is opening, with ``window`` of output credit
+        and ``stdin_window`` of STDIN credit on a connection with windows (``window`` set)."""
         self.used.add(channel)
-        self.live[channel] = record
+        self.live[channel] = Channel(
+            ChannelState.OPENING, pty=pty, output=None if window is None else Credit(window),
+            stdin=None if window is None else Credit(stdin_window))
 
     def step(self, channel: int, step: Step) -> bool:
         """Apply our own ``step``: False when the channel has already ended (nothing to

@@ -137,11 +137,8 @@ class ClientConnection:
             raise LocalProtocolError(f"channel {channel} cannot be opened (0, or used before)")
         if not self.hello_sent.multiplex and len(self.channels.used):
             raise LocalProtocolError("this connection carries one session (multiplex is false)")
-        window = self.hello_sent.window
-        self.channels.begin(channel, Channel(
-            ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
-            output=None if window is None else Credit(window),
-            stdin=None if window is None else Credit(self._stdin_window())))
+        self.channels.begin(channel, not isinstance(request, Open) or request.pty,
+                            self.hello_sent.window, self._stdin_window())
         return _control_frame(channel, request)
 
     def list_sessions(self) -> bytes:
@@ -307,6 +304,8 @@ class ClientConnection:
                 f"{msg_type!r} on channel {channel} while it is {record.state.value}")
         self.channels.step(channel, step)
         if isinstance(message, Opened):
+            if message.pty is not None:  # what the server did (one that does not say: as asked)
+                record.pty = message.pty
             return OpenedReceived(channel, message)
         if isinstance(message, Attached):
             record.pty = message.pty

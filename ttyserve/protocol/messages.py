@@ -178,6 +178,14 @@ def encode_message(message: Message) -> bytes:
     return _encoder.encode(message)
 
 
+def members(message: Message) -> dict[str, object]:
+    """A message's members as the wire carries them, absent ones left out and its `type`
+    aside: `list` gives an ended session's `exit` so, and `exec --json` its events."""
+    fields: dict[str, object] = msgspec.to_builtins(message)
+    del fields["type"]
+    return fields
+
+
 def parse_object(payload: bytes) -> tuple[str, dict[str, Any]]:
     """Decode a control payload to (type, object); anything else is a protocol error."""
     try:

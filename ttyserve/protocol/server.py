@@ -15,7 +15,7 @@ import msgspec
 
 from ..defaults import DEFAULT_STDIN_WINDOW
 from ..errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, RequestError
-from .channels import Channel, ChannelState, ChannelTable, Credit, Step
+from .channels import ChannelState, ChannelTable, Step
 from .frames import (
     CLIENT_KINDS,
     DEFAULT_MAX_FRAME,
@@ -347,11 +347,8 @@ class ServerConnection:
             self._channel_ended(channel)
             return None
         assert self.hello is not None
-        window = self.hello.window
-        self.channels.begin(channel, Channel(
-            ChannelState.OPENING, pty=not isinstance(request, Open) or request.pty,
-            output=None if window is None else Credit(window),
-            stdin=None if window is None else Credit(self._stdin_window)))
+        self.channels.begin(channel, not isinstance(request, Open) or request.pty,
+                            self.hello.window, self._stdin_window)
         self._undecided = channel
         if isinstance(request, Attach):
             return AttachRequested(channel, request)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -57,7 +58,7 @@ def _metavar(meta: msgspec.Meta) -> str | None:
 
 
 def _is_list(kind: object) -> bool:
-    return str(kind).removeprefix("typing.Annotated[").startswith("list")
+    return typing.get_origin(_bare(kind)) is list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _bare(kind: object) -> object:
     """``kind`` without its Annotated metadata."""
-    return getattr(kind, "__origin__", kind) if hasattr(kind, "__metadata__") else kind
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is Annotated else kind
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, object]:

@@ -174,7 +174,6 @@ class ConnectionHandler:
                 self._wait_scope = None
         return None
 
-
     # --- the attachments' host: the one place this connection's frames are made ---------
 
     def flush(self) -> None:
@@ -348,7 +347,7 @@ class ConnectionHandler:
         except RequestError as exc:
             self.core.close(exc)
             return
-        if self.registry.closing or self._draining:
+        if self.registry.closing:  # (it closes before any connection drains)
             self.core.close(shutting_down())
             return
         self.core.accept_hello(SERVER_NAME)
@@ -393,8 +392,6 @@ class ConnectionHandler:
         """Take over a detachable session: `attached`, its scrollback, then live output."""
         request, channel = event.request, event.channel
         try:
-            if self._draining:
-                raise shutting_down()
             session = self.registry.attach(request, self.principal, len(self.attachments))
         except RequestError as exc:
             self.core.refuse(channel, exc)

@@ -2,8 +2,9 @@
 hang-up at shutdown, the detached timeout.
 
 A connection asks the registry to open a session, or to attach to one, and
-attaches a channel to it; the session's task runs in the registry's task
-group, so a session can outlive the connection that opened it.
+attaches a channel to it; the session runs on the loop's callbacks or in the
+registry's task group, never the connection's, so a session can outlive the
+connection that opened it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 
-from ..backends.base import Backend, ProcessHandle, ProcessSpec
+from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
 from ..defaults import BUSY_RETRY_MS
 from ..errors import ErrorCode, RequestError
-from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo
+from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo, members
 from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
 from .recording import finish_recording, start_recording
 from .session import ServerSession
@@ -35,7 +35,6 @@ from .tasks import Tasks, open_tasks
 log = logging.getLogger("ttyserve")
 
 
-
 def busy(message: str) -> RequestError:
     return RequestError(ErrorCode.BUSY, message, retry_after_ms=BUSY_RETRY_MS)
 
@@ -43,11 +42,6 @@ def busy(message: str) -> RequestError:
 def shutting_down() -> RequestError:
     return RequestError(ErrorCode.SHUTTING_DOWN, "the server is shutting down",
                         retry_after_ms=BUSY_RETRY_MS)
-
-
-def _members(status: Exit) -> dict[str, object]:
-    """The members of an `exit` message, as `list` gives them."""
-    return {k: v for k, v in msgspec.structs.asdict(status).items() if v is not None}
 
 
 def _spawn_failed(exc: OSError, peer: str) -> RequestError:
@@ -80,6 +74,8 @@ class SessionRegistry:
                  journal: Journal | None = None) -> None:
         self.settings = settings
         self.backend = backend
+        self._spawn_nowait: Callable[[ProcessSpec], ProcessHandle] | None = (
+            backend.spawn_nowait if isinstance(backend, SpawnsAtOnce) else None)
         self.journal = journal
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
@@ -166,7 +162,7 @@ class SessionRegistry:
         """`open` where nothing has to be awaited (no journal, and a backend with
         `spawn_nowait`): the session, or RequestError as `open` raises; None when the open
         has to be awaited."""
-        spawn_nowait = getattr(self.backend, "spawn_nowait", None)
+        spawn_nowait = self._spawn_nowait
         if self.journal is not None or spawn_nowait is None:
             return None
         spec = self._admit_open(request, peer, sessions_here)
@@ -243,7 +239,7 @@ class SessionRegistry:
         """``owner``'s detachable sessions, for `list`."""
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
                             started=s.started, attached=s.sink is not None,
-                            exit=_members(s.pending_exit) if s.pending_exit else None)
+                            exit=members(s.pending_exit) if s.pending_exit else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- running -----------------------------------------------------------------------

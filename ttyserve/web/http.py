@@ -222,7 +222,7 @@ async def _refuse(conn: h11.Connection, stream: anyio.abc.ByteStream, refusal: R
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
                 h11.LocalProtocolError):
             return
-        await close_gracefully(stream, DRAIN_TIME)
+    await close_gracefully(stream, DRAIN_TIME)
 
 
 def content_security_policy(host: str | None) -> str:
