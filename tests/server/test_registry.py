@@ -3,6 +3,8 @@ open's admission and its journal record in process, on the memory backend."""
 
 from __future__ import annotations
 
+import base64
+import re
 import threading
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from server.fakes import Wire, controls, make_session
 from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.protocol.messages import Attach, Exit, Open
 from ttyserve.server.journal import Journal, Reason, SessionStart, read_file
-from ttyserve.server.registry import SessionRegistry
+from ttyserve.server.registry import SessionRegistry, new_session_id
 from ttyserve.server.session import ServerSession
 from ttyserve.server.settings import ServerSettings
 
@@ -36,6 +38,15 @@ def refused(reg: SessionRegistry, request: Attach, owner: str = "uid:0",
     with pytest.raises(RequestError) as info:
         reg.attach(request, owner, here)
     return str(info.value.code)
+
+
+def test_a_session_id_is_unguessable_and_can_be_typed_as_an_argument() -> None:
+    """128 random bits, URL-safe, and never a leading `-` (argparse would take
+    `ttyserve attach -xyz` for an option): a random id begins with one in 64 times."""
+    ids = [new_session_id() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21,}", i) for i in ids), ids
+    assert all(len(base64.urlsafe_b64decode(i[1:] + "==")) >= 16 for i in ids)
 
 
 def test_attach_to_what_is_not_yours_is_no_such_session_alike() -> None:

@@ -51,8 +51,10 @@ def _spawn_failed(exc: OSError, peer: str) -> RequestError:
 
 
 def new_session_id() -> str:
-    """128 random bits, URL-safe: unguessable, so it can name a session to reattach."""
-    return secrets.token_urlsafe(16)
+    """128 random bits, URL-safe: unguessable, so it can name a session to reattach. An `s`
+    first: an id is typed as an argument (`ttyserve attach ID`), and one that began with
+    `-` (one in 64 of them) would read as an option."""
+    return "s" + secrets.token_urlsafe(16)
 
 
 class JournalIds:
