@@ -35,6 +35,7 @@ from .systems import (
     RawSystem,
     System,
     TtyserveLibSystem,
+    TtyserveResumeSystem,
     TtyserveSystem,
     TtyserveWsSystem,
 )
@@ -90,7 +91,8 @@ class WorkloadResult:
 def make_systems(names: list[str], workdir: str) -> list[System]:
     factories: dict[str, Callable[[str], System]] = {
         "raw": RawSystem, "ttyserve": TtyserveSystem, "ttyserve-lib": TtyserveLibSystem,
-        "ttyserve-ws": TtyserveWsSystem, "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
+        "ttyserve-ws": TtyserveWsSystem, "ttyserve-resume": TtyserveResumeSystem,
+        "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
         "pdsh": PdshSystem,
     }
     return [factories[name](workdir) for name in names]

@@ -427,6 +427,7 @@ class TtyserveLibSystem(TtyserveSystem):
     """The same server through the project's client library (anyio on asyncio)."""
 
     name = "ttyserve-lib"
+    spawn_options: dict[str, Any] = {}  # noqa: RUF012  # (read only)
 
     def _connect(self, transport: str, **kwargs: Any) -> Any:
         from ttyserve.client import connect
@@ -442,7 +443,7 @@ class TtyserveLibSystem(TtyserveSystem):
             start = now()
             nbytes = 0
             async with self._connect(transport) as conn:
-                session = await conn.spawn(argv, pty=pty)
+                session = await conn.spawn(argv, pty=pty, **self.spawn_options)
                 async for chunk in session:
                     nbytes += len(chunk.data)
                 status = session.status
@@ -459,7 +460,7 @@ class TtyserveLibSystem(TtyserveSystem):
 
         async def main() -> list[float]:
             async with self._connect(transport) as conn:
-                session = await conn.spawn(argv, pty=True)
+                session = await conn.spawn(argv, pty=True, **self.spawn_options)
                 seen = b""
                 while ECHO_MARKER not in seen:
                     chunk = await session.receive()
@@ -580,6 +581,69 @@ class TtyserveLibSystem(TtyserveSystem):
 
         result: ScaleRun = anyio.run(main, backend="asyncio")
         return result
+
+
+RESUME_WINDOW = 60  # seconds: `spawn(resume=...)` of the resume system
+
+
+class TtyserveResumeSystem(TtyserveLibSystem):
+    """The library's sessions spawned with `resume`: detachable, with a ring, per-stream
+    offsets, the terminal mode tracker and a heartbeat (section 10), on the same server."""
+
+    name = "ttyserve-resume"
+    spawn_options: dict[str, Any] = {"resume": RESUME_WINDOW}  # noqa: RUF012
+
+    def _connect(self, transport: str, **kwargs: Any) -> Any:
+        return super()._connect(transport, heartbeat=5, **kwargs)
+
+    def resume_after_cut(self, total: int, cut_after: int) -> tuple[float, float, int, int]:
+        """A stream of ``total`` bytes, its connection cut once ``cut_after`` arrived: seconds
+        from the cut to the first byte after it and to the last, the bytes that came after
+        the resume (the ring's replay, as the process had written all of it by then), and
+        the bytes lost."""
+        import socket as sockets
+
+        import anyio
+
+        from ttyserve.client.session import Resumed
+
+        async def main() -> tuple[float, float, int, int]:
+            resumed: list[Resumed] = []
+            async with self._connect("unix", multiplex=True,
+                                     on_resume=lambda e: resumed.append(e)  # type: ignore[arg-type]
+                                     if isinstance(e, Resumed) else None) as conn:
+                session = await conn.spawn(["sh", "-c", f"head -c {total} /dev/zero; exec cat"],
+                                           pty=False, resume=RESUME_WINDOW)
+                received = at_cut = 0
+                cut = first = 0.0
+                async for chunk in session:
+                    received += len(chunk.data)
+                    if not cut and received >= cut_after:
+                        at_cut, cut = received, now()
+                        # The cut: the socket shut down under the connection, as a reset does
+                        # (the library's own transport: a benchmark may look inside).
+                        conn._link.transport.sock.shutdown(sockets.SHUT_RDWR)
+                    elif cut and resumed and not first:
+                        first = now()
+                    if received + session.lost_bytes >= total:
+                        break
+                last = now()
+                await session.cancel()
+            if not first:
+                raise RuntimeError("no byte came after the resume")
+            return first - cut, last - cut, received - at_cut, session.lost_bytes
+
+        result: tuple[float, float, int, int] = anyio.run(main, backend="asyncio")
+        return result
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        raise NotApplicable
+
+    def startup(self, transport: str) -> float:
+        raise NotApplicable
+
+    def reattach(self, ring: int) -> tuple[float, int]:
+        raise NotApplicable
 
 
 class TtyserveWsSystem(TtyserveLibSystem):

@@ -341,7 +341,56 @@ def measure_reattach(system: System, ctx: Context) -> dict[str, float]:
     return {"reattach_ms": seconds * 1e3, "replay_mbps": replayed / seconds / MB}
 
 
-ALL_SYSTEMS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
+# --- 10. Resume (section 10) -------------------------------------------------------------
+
+
+def colored_file(ctx: Context) -> Path:
+    return Path(ctx.workdir) / "colored.txt"
+
+
+def make_colored_file(ctx: Context) -> None:
+    """Terminal output as programs write it: lines with colour sequences and, now and then,
+    a title, a cursor mode or a screen switch: what the mode tracker reads."""
+    path = colored_file(ctx)
+    size = ctx.sizes.pty_bytes // 4
+    if path.exists() and path.stat().st_size == size:
+        return
+    lines = [b"\x1b[1;34mdrwxr-xr-x\x1b[0m  2 user user 4096 \x1b[32m%05d\x1b[0m name\n" % n
+             for n in range(1000)]
+    lines[500] = b"\x1b]2;a title\x07\x1b[?1h\x1b=\x1b[?2004h" + lines[500]
+    lines[999] = b"\x1b[?2004l\x1b[?1l\x1b>" + lines[999]
+    block = b"".join(lines)
+    with open(path, "wb") as file:
+        remaining = size
+        while remaining > 0:
+            remaining -= file.write(block[:remaining])
+
+
+def measure_tracking(system: System, ctx: Context) -> dict[str, float]:
+    size = colored_file(ctx).stat().st_size
+    result = system.stream(["cat", str(colored_file(ctx))], pty=True, transport="unix")
+    if result.nbytes < size:
+        raise RuntimeError(f"received {result.nbytes} of {size} bytes")
+    latencies = system.echo(ECHO_ARGV, ctx.sizes.echo_rounds, transport="unix")
+    return {"mbps": result.nbytes / result.seconds / MB,
+            "p50_us": percentile(latencies, 50) * 1e6, "p99_us": percentile(latencies, 99) * 1e6}
+
+
+RESUME_TOTAL = 3 << 20  # the stream of the resume row, cut after its first third
+RESUME_CUT = 1 << 20
+
+
+def measure_resume(system: System, ctx: Context) -> dict[str, float]:
+    resume = getattr(system, "resume_after_cut", None)
+    if resume is None:
+        raise NotApplicable
+    first, last, after, lost = resume(RESUME_TOTAL, RESUME_CUT)
+    return {"first_byte_ms": first * 1e3, "replay_ms": last * 1e3, "after_kib": after / 1024,
+            "lost_kib": lost / 1024}
+
+
+PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
+ALL_SYSTEMS = (*PEERS, "ttyserve-resume")  # (the last compared only with ttyserve-lib)
 
 WORKLOADS = [
     Workload(
@@ -349,13 +398,13 @@ WORKLOADS = [
         [Metric("mbps", "MB/s", True)],
         [Target("mbps", ">=", 0.9, "raw"),
          Target("mbps", ">=", 0.8, "ttyserve-lib", system="ttyserve-ws")],
-        ALL_SYSTEMS, measure_pty_output, prepare=make_text_file),
+        PEERS, measure_pty_output, prepare=make_text_file),
     Workload(
         "pipe_output", "Pipe output: head -c SIZE /dev/zero in pipe mode",
         [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB")],
         [Target("mbps", ">=", 0.4, "raw"), Target("mbps", ">=", 10, "asyncssh"),
          Target("mbps", ">=", 0.8, "ttyserve-lib", system="ttyserve-ws")],
-        ALL_SYSTEMS, measure_pipe_output),
+        PEERS, measure_pipe_output),
     Workload(
         "echo", "Keystroke echo: 1-byte writes to cat under a raw PTY",
         [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
@@ -363,7 +412,7 @@ WORKLOADS = [
          Target("p50_us", "<=", 2.5, "raw"), Target("p99_us", "<=", 0.5, "asyncssh"),
          Target("p99_us", "<", 1, "openssh"),
          Target("p50_us", "<=", 1.3, "ttyserve-lib", system="ttyserve-ws")],
-        ALL_SYSTEMS, measure_echo),
+        PEERS, measure_echo),
     Workload(
         "echo_flood", "Keystroke echo while another session of the same server floods output",
         [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
@@ -378,7 +427,7 @@ WORKLOADS = [
         [Target("rate_unix", ">=", 0.6, "raw"), Target("rate_tcp", ">=", 0.6, "raw"),
          Target("rate_mux", ">=", 0.75, "raw"),
          Target("rate_tcp", ">=", 4, "asyncssh")],
-        ALL_SYSTEMS, measure_session_rate),
+        PEERS, measure_session_rate),
     Workload(
         "scale", "Scale: N concurrent PTY sessions on one server",
         [Metric("rss_kib_per_session", "server RSS KiB/session"), Metric("fds", "server fds"),
@@ -423,6 +472,22 @@ WORKLOADS = [
          Metric("replay_mbps", "replay MB/s", True)],
         [Target("reattach_ms", "<", 20, system="ttyserve-lib")],
         ("ttyserve-lib",), measure_reattach),
+    Workload(
+        "tracking", "Resume's cost: coloured PTY output and echo, a plain session against one "
+                    "spawned with resume (ring, offsets, mode tracker, heartbeat)",
+        [Metric("mbps", "MB/s", True), Metric("p50_us", "echo p50 us"),
+         Metric("p99_us", "echo p99 us")],
+        [Target("mbps", ">=", 0.9, "ttyserve-lib", system="ttyserve-resume"),
+         Target("p50_us", "<=", 1.1, "ttyserve-lib", system="ttyserve-resume")],
+        ("ttyserve-lib", "ttyserve-resume"), measure_tracking, prepare=make_colored_file),
+    Workload(
+        "resume", "Resume: a 3 MiB stream whose connection is cut after 1 MiB (unix socket)",
+        [Metric("first_byte_ms", "ms from the cut to the first byte after it"),
+         Metric("replay_ms", "ms from the cut to the last byte"),
+         Metric("after_kib", "KiB after the resume (the replay)"),
+         Metric("lost_kib", "KiB lost (the ring's overrun)")],
+        [Target("first_byte_ms", "<", 200, system="ttyserve-resume")],
+        ("ttyserve-resume",), measure_resume),
 ]
 
 BY_NAME = {workload.name: workload for workload in WORKLOADS}

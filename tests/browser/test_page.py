@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cdp import Browser, open_browser
+from faults import FaultProxy, fault_proxy
 from helpers import (
     SH,
     ServerProcess,
@@ -204,3 +205,81 @@ async def test_a_dropped_connection_reattaches_with_no_reload(short_dir: Path) -
         await run_line(browser, "echo after-drop")
         text = await screen_has(browser, r"(?m)^after-drop$")
         assert "before-drop" in text  # the scrollback came back with it
+
+
+# --- section 10: the page resumes, and never drops a key ------------------------------
+
+
+@contextlib.asynccontextmanager
+async def page_through_proxy(short_dir: Path,
+                             ) -> AsyncIterator[tuple[Browser, FaultProxy, str]]:
+    """The page's URL through a real fault injector (a TCP proxy), and a browser."""
+    async with fault_proxy("tcp:127.0.0.1:1") as proxy:
+        origin = f"http://127.0.0.1:{proxy.port}"
+        server = start_server(short_dir, "--command", SH, "--allow-origin", origin,
+                              listen=["ws:127.0.0.1:0"], expect_browse=1, env={"PS1": "$ "})
+        try:
+            proxy.target = ("127.0.0.1", int(server.addresses[0].rsplit(":", 1)[1]))
+            url = re.sub(r"//[^/]+/", f"//127.0.0.1:{proxy.port}/", server.browse[0])
+            async with open_browser(900, 600) as browser:
+                yield browser, proxy, url
+                errors = [e for e in browser.console_errors
+                          if not re.search(r"WebSocket connection to .* failed", e)]
+                assert errors == [], browser.console_errors
+        finally:
+            groups = children_of(server.pid)
+            server.stop(signal.SIGKILL) if server.proc.poll() is None else None
+            for group in groups:
+                kill_group(group)
+
+
+async def test_a_cut_websocket_resumes_with_every_number_on_screen_once(
+        short_dir: Path) -> None:
+    async with page_through_proxy(short_dir) as (browser, proxy, url):
+        await browser.navigate(url)
+        await browser.wait_for("document.body.dataset.session === 'running'")
+        await run_line(browser, "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo n$i; "
+                                "sleep 0.01; done; echo count-done")
+        await screen_has(browser, r"(?m)^n40$")
+        proxy.cut()  # both ways, while the counter prints
+        await browser.wait_for("document.title.endsWith('reconnecting')", timeout=5)
+        await browser.wait_for("document.title.endsWith('running')", timeout=15)
+        await screen_has(browser, r"(?m)^count-done$", timeout=30)
+        text = await browser.screen_text(last=1000)  # the whole scrollback
+        numbers = [int(n) for n in re.findall(r"(?m)^n(\d+)$", text)]
+        assert numbers == list(range(1, 301)), numbers
+        assert proxy.faults == ["cut"]
+
+
+async def test_keys_typed_before_the_session_and_while_it_reconnects_arrive_whole(
+        short_dir: Path) -> None:
+    async with page_through_proxy(short_dir) as (browser, proxy, url):
+        proxy.hold_upgrades = anyio.Event()  # the page appears; its WebSocket waits
+        await browser.navigate(url)
+        await browser.wait_for("window.term !== undefined && window.ttyserve !== undefined")
+        await run_line(browser, "echo first-$((2+3))")  # the instant the terminal appears
+        assert await browser.evaluate("ttyserve.queued.length") > 0  # no session yet: queued
+        proxy.hold_upgrades.set()
+        await screen_has(browser, r"(?m)^first-5$")
+        proxy.hold_upgrades = anyio.Event()
+        proxy.cut()
+        await browser.wait_for("document.title.endsWith('reconnecting')", timeout=5)
+        await run_line(browser, "echo away-$((3+4))")  # typed while it reconnects
+        assert await browser.evaluate("ttyserve.queued.length") > 0
+        proxy.hold_upgrades.set()
+        text = await screen_has(browser, r"(?m)^away-7$")
+        assert len(re.findall(r"(?m)^first-5$", text)) == 1  # the resume showed nothing twice
+
+
+async def test_a_reload_restores_the_alternate_screen_the_ring_lost(short_dir: Path) -> None:
+    """After a reload the page starts from a reset terminal and the session's prologue: the
+    alternate screen comes back though the ring (4 KiB here) long lost its switch."""
+    async with page(short_dir, "--scrollback", "4096") as (browser, _):
+        await run_line(browser, "printf '\\033[?1049h'; seq 1 5000; echo switched-away")
+        await screen_has(browser, r"(?m)^switched-away$")
+        assert await browser.evaluate("term.buffer.active.type") == "alternate"
+        await browser.send("Page.reload")
+        await browser.wait_for("document.readyState === 'complete'")
+        await browser.wait_for("document.body.dataset.session === 'running'")
+        await screen_has(browser, r"(?m)^switched-away$")  # the ring's tail, replayed
+        assert await browser.evaluate("term.buffer.active.type") == "alternate"

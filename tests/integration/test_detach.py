@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from helpers import (
 
 from ttyserve.client import Connection, Session, connect
 from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
-from ttyserve.protocol.messages import Attach, Detach, Open, SessionInfo
+from ttyserve.protocol.messages import Attach, Detach, Offsets, Open, SessionInfo
 from ttyserve.server.journal import SessionAttach, SessionDetach, SessionEnd, read_file
 from ttyserve.transport.streams import SocketTransport
 
@@ -140,7 +142,14 @@ async def test_the_ring_keeps_the_newest_output_and_counts_what_it_dropped(
         assert again.status is not None and again.status.code == 3  # delivered after the ring
     assert len(replay) <= 4096 and full.endswith(replay) and len(replay) > 3000
     assert again.dropped == len(full) - len(replay)
-    async with connect(address) as conn:  # the exit was delivered once: the session is gone
+    assert again.offsets == Offsets(stdout=len(full))  # (it began at len(full) - len(replay))
+    # Kept --keep-ended (section 10): a single-session connection closes after the exit, so
+    # its client could not release it; attached again where it stopped, only the exit comes.
+    async with connect(address, multiplex=True) as conn:
+        tail = await conn.attach(sessions[0].session, offsets=again.offsets)
+        assert [chunk async for chunk in tail] == [] and tail.offsets == again.offsets
+        assert tail.status == again.status
+        # ...and this client released it on reading the exit: it is gone.
         with pytest.raises(RequestError) as info:
             await conn.attach(sessions[0].session)
         assert info.value.code == "no_such_session"
@@ -285,8 +294,11 @@ async def test_a_detach_whose_answer_cannot_be_sent_still_counts(
 @pytest.mark.parametrize("server", [str(SHORT_TIMEOUT)], indirect=True)
 async def test_an_uncollected_exit_expires_too(address: str) -> None:
     async with connect(address, multiplex=True) as conn:
-        session = await conn.spawn(["true"], pty=False, detachable=True)
+        session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
         await session.detach()
+        assert session.pid is not None
+    os.kill(session.pid, signal.SIGTERM)  # it ends detached: its exit waits for an attach
+    await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
     await until_listed(address, lambda s: s == [], timeout=10)
     async with connect(address) as conn:
         with pytest.raises(RequestError):

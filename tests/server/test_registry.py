@@ -29,6 +29,7 @@ def registry(**settings: object) -> SessionRegistry:
 def registered(reg: SessionRegistry, session_id: str = "s1", owner: str = "uid:0",
                detachable: bool = True) -> ServerSession:
     session, _ = make_session(session_id=session_id, owner=owner, detachable=detachable)
+    session.detached_timeout = reg.settings.detached_timeout  # as the registry opens it
     reg.sessions[session.id] = session
     return session
 
@@ -81,20 +82,26 @@ def test_attach_is_refused_while_shutting_down_and_beyond_a_connection_s_room() 
 
 
 def test_the_sweeper_hangs_up_the_abandoned_and_drops_uncollected_exits() -> None:
-    reg = registry(detached_timeout=10)
+    reg = registry(detached_timeout=10, keep_ended=3)
     abandoned = registered(reg, "abandoned")
     ended = registered(reg, "ended")
     waiting = registered(reg, "waiting")
     attached = registered(reg, "attached")
+    short = registered(reg, "short")  # opened with detached_timeout 2
+    delivered = registered(reg, "delivered")  # its exit went out at 108: kept 3 s more
     Wire().opened(attached)
     abandoned.detached_at = ended.detached_at = 100.0
     waiting.detached_at = 105.0
-    ended.pending_exit = Exit(code=0)
-    assert reg.sweep(now=110.0) == 115.0  # the next deadline: waiting's
+    short.detached_at, short.detached_timeout = 107.0, 2
+    ended.final = delivered.final = Exit(code=0)
+    delivered.detached_at = delivered.delivered_at = 108.0
+    assert reg.sweep(now=110.0) == 111.0  # the next deadline: delivered's
     assert abandoned.ending is Reason.ABANDONED  # cancelled: killed and reaped, as `cancel`
-    assert sorted(reg.sessions) == ["abandoned", "attached", "waiting"]  # ended is dropped
+    assert short.ending is Reason.ABANDONED  # by its own timeout, not the server's
+    assert sorted(reg.sessions) == ["abandoned", "attached", "delivered", "short", "waiting"]
     assert waiting.ending is None and attached.ending is None
-    assert reg.sweep(now=114.9) == 115.0  # nothing moves before its deadline
+    assert reg.sweep(now=110.9) == 111.0  # nothing moves before its deadline
+    assert reg.sweep(now=111.0) == 115.0 and "delivered" not in reg.sessions
     # On its way out, the abandoned session is expired: an attach now would get no exit.
     assert refused(reg, Attach(session="abandoned")) == ErrorCode.NO_SUCH_SESSION
 

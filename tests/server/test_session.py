@@ -94,11 +94,35 @@ def test_after_the_linger_a_pump_sends_what_is_buffered_and_stops() -> None:
     session.reaped(Exit(code=0))
     process.stdout.write(b"buffered")  # a grandchild keeps the terminal open
     stdout.last_chunk()
-    assert stdout.step() is Stall.DONE
+    assert stdout.step() is Stall.READABLE  # (the callback goes on at once: see `readable`)
+    assert stdout.step() is Stall.DONE  # nothing more buffered: no wait for the EOF
     process.stdout.write(b"later")
     assert stdout.step() is Stall.DONE
     frames = wire.frames()
     assert output(frames, attachment.channel) == b"buffered"
+    assert controls(frames, attachment.channel) == [{"type": "exit", "code": 0}]
+
+
+def test_after_the_linger_a_slow_client_still_gets_all_that_was_buffered() -> None:
+    """The linger ends the wait for the end of output, never the output already written:
+    a client that takes it slowly (here 4 bytes a grant) gets all of it, then the exit."""
+    session, process = make_session(pty=True, detachable=False)
+    wire = Wire(window=4)
+    attachment = wire.opened(session)
+    wire.frames()
+    (stdout,) = started(session)
+    process.stdout.write(b"abcdefghij")  # more than the sink takes at once
+    session.reaped(Exit(code=0))
+    stdout.last_chunk()
+    sent = b""
+    for _ in range(10):
+        sent += output(wire.frames(), attachment.channel)
+        if stdout.step() is Stall.DONE:
+            break
+        wire.core.receive_data(_window(attachment.channel, 4))
+        wire.core.next_event()
+    frames = wire.frames()
+    assert sent + output(frames, attachment.channel) == b"abcdefghij"
     assert controls(frames, attachment.channel) == [{"type": "exit", "code": 0}]
 
 
@@ -144,6 +168,7 @@ def test_the_exit_waits_for_the_replay_and_follows_it() -> None:
     assert output(frames, channel) == b"x" * 1000
     assert controls(frames, channel) == [{"type": "exit", "code": 5}]
     assert delivered == [True] and session.pending_exit is None
+    assert session.final == Exit(code=5) and session.delivered_at is not None  # kept a while
 
 
 def test_a_non_detachable_session_with_nowhere_to_send_its_exit_keeps_nothing() -> None:

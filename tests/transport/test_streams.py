@@ -1,5 +1,5 @@
 """The transports' contract at their edge: a peer that is gone is `BrokenResourceError` on
-send, whatever carries the bytes (here TLS, over a real socket pair)."""
+send, whatever carries the bytes (here TLS, over a real socket pair); TCP has keepalive."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 import trustme
 from anyio.streams.tls import TLSStream
 
+from ttyserve.defaults import TCP_KEEPALIVE_IDLE
+from ttyserve.server.sockets import bind_tcp
 from ttyserve.transport.streams import StreamTransport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(10)]
@@ -45,3 +47,14 @@ async def test_a_send_to_a_tls_peer_that_closed_is_broken() -> None:
     with pytest.raises(anyio.BrokenResourceError):
         await transport.send_some([b"after the end"])
     await transport.aclose()
+
+
+async def test_tcp_connections_have_keepalive() -> None:
+    """Accepted connections inherit keepalive from the listener, as the server's do."""
+    (listener,) = bind_tcp("127.0.0.1", 0)
+    with listener, socket.create_connection(listener.getsockname()[:2]):
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert accepted.getsockopt(socket.IPPROTO_TCP,
+                                       socket.TCP_KEEPIDLE) == TCP_KEEPALIVE_IDLE

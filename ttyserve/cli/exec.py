@@ -14,14 +14,14 @@ import os
 import signal
 import ssl
 import stat
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import anyio.abc
 
 from ..client.api import connect
 from ..client.retry import RETRIED
-from ..client.session import Session
+from ..client.session import Lost, ResumeEvent, Session
 from ..credentials import tls_context
 from ..defaults import STDIN_READ
 from ..errors import (
@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..exitcodes import ExecExit, exec_exit_code
 from ..protocol.messages import DEFAULT_TERM, STOLEN, members
+from ..protocol.terminal_modes import TerminalModes
 from . import terminal
 from .exec_report import (
     FORWARDED,
@@ -49,6 +50,7 @@ from .exec_report import (
 from .terminal import DetachKey
 
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
+CANCEL_WAIT = 2.0  # seconds a second Ctrl-C waits to tell the server before it ends here
 
 
 class DetachedHere(Exception):
@@ -81,15 +83,19 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 conn = await stack.enter_async_context(connect(
                     options.address, token=options.token, tls=tls,
                     remote_command=options.remote_command,
-                    carrier_stderr=carrier_stderr))
+                    carrier_stderr=carrier_stderr, multiplex=options.multiplex,
+                    heartbeat=options.heartbeat, on_resume=_resume_reporter(options, out),
+                    persist=options.multiplex))
                 if options.attach is not None:
                     session = await conn.attach(options.attach, steal=options.steal,
-                                                rows=size[0], cols=size[1])
+                                                rows=size[0], cols=size[1],
+                                                resume=options.resume)
                 else:
                     session = await conn.spawn(
                         options.argv, pty=pty, rows=size[0], cols=size[1],
                         term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
-                        env=options.env, cwd=options.cwd, detachable=options.detachable)
+                        env=options.env, cwd=options.cwd, detachable=options.detachable,
+                        resume=options.resume)
             except RETRIED as exc:
                 delay = retry_delay(exc, options, attempt)
                 await stack.aclose()
@@ -102,6 +108,21 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 out.event("opened", pid=session.pid)
             yield session
             return
+
+
+def _resume_reporter(options: ExecOptions, out: Output) -> Callable[[ResumeEvent], None]:
+    """The contract's lines (and `--json` events) for a lost connection and its resume."""
+
+    def report(event: ResumeEvent) -> None:
+        if isinstance(event, Lost):
+            tell(f"{options.target}: connection lost ({event.reason}); resuming")
+            out.event("lost", reason=event.reason)
+        else:
+            lost = f", {event.lost_bytes} bytes lost" if event.lost_bytes else ""
+            tell(f"{options.target}: resumed after {event.after:.1f} s{lost}")
+            out.event("resumed", lost_bytes=event.lost_bytes)
+
+    return report
 
 
 async def _stop_while_opening(signals: AsyncIterator[int], watching: anyio.CancelScope,
@@ -168,8 +189,14 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
 
 
 async def _stream(session: Session, out: Output, pty: bool, raw: bool,
-                  signals: AsyncIterator[int], detach: DetachKey | None = None) -> int:
+                  signals: AsyncIterator[int], detach: DetachKey | None = None,
+                  detach_on_hangup: bool = False) -> int:
     abort: ExecFailure | None = None
+    modes = TerminalModes() if raw else None  # what the session set our terminal to
+    if raw and session.prologue:  # a PTY attached afresh: its terminal modes first
+        out.data("stdout", session.prologue.encode())
+        assert modes is not None
+        modes.feed(session.prologue.encode())
 
     async def forward_signals(scope: anyio.CancelScope) -> None:
         nonlocal abort
@@ -181,7 +208,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
             elif signum == signal.SIGINT and interrupted:
                 abort = second_interrupt()
                 scope.cancel()
-            elif signum == signal.SIGHUP and session.id is not None:
+            elif signum == signal.SIGHUP and detach_on_hangup:
                 await session.detach()  # our terminal went away: the session is to outlive it
             else:
                 interrupted = interrupted or signum == signal.SIGINT
@@ -199,11 +226,16 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 except BrokenPipeError:
                     abort = output_closed()
                     break
+                if modes is not None:
+                    modes.feed(chunk.data)
         except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc
         except SessionDetached as exc:
             detached = exc
         tg.cancel_scope.cancel()
+    if modes is not None and (epilogue := modes.epilogue()):
+        with contextlib.suppress(OSError):  # our terminal back to its own modes
+            out.data("stdout", epilogue.encode())
     if detached is not None:
         assert session.id is not None
         out.event("detached", session=session.id, **(
@@ -212,7 +244,8 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
     if lost is not None:
         raise lost
     if abort is not None:
-        await session.cancel()
+        with anyio.move_on_after(CANCEL_WAIT):  # (a resume under way may never come back)
+            await session.cancel()
         raise abort
     assert session.status is not None
     out.event("exit", **members(session.status))
@@ -254,7 +287,8 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
             detach = (DetachKey(options.detach_key) if raw and session.id is not None
                       and options.detach_key else None)
             with terminal.raw_mode(0) if raw else contextlib.nullcontext():
-                return await _stream(session, out, pty, raw, signals, detach)
+                return await _stream(session, out, pty, raw, signals, detach,
+                                     options.detachable or options.attach is not None)
     except DetachedHere as exc:  # told once the terminal is back to normal
         if exc.reason == STOLEN:
             say("another client took the session over")
@@ -263,6 +297,10 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
     except ExecFailure as exc:
         return exc.said(out)
     except (ConnectionLost, RemoteProtocolError) as exc:
+        if opened and options.resume is not None:  # it could not come back in time
+            tell(f"{options.target}: lost: {exc}")
+            out.event("error", message=f"lost: {exc}")
+            return ExecExit.FAILURE
         return connection_ended(exc, out, opened, session_id)
     raise AssertionError("unreachable")
 

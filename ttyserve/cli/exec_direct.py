@@ -4,7 +4,7 @@ Scripts and coordinators call `exec` in loops, and most of its start-up was the
 import of an event loop. This path drives the same sans-I/O core with poll(2)
 on the socket, our stdin and a signal wake-up pipe, and says and returns what
 the anyio path (exec_cmd.py) does, through the same exec_report.py. A PTY, TLS,
-WebSocket, carriers and detachable sessions take the anyio path.
+WebSocket, carriers, detachable and resumed sessions and heartbeats take the anyio path.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ CHANNEL = 1
 
 
 def eligible(options: ExecOptions) -> bool:
-    """Whether this path runs ``options``: pipe mode, a plain socket, nothing detachable."""
-    return (options.address.scheme in ("unix", "tcp") and not options.detachable
-            and options.attach is None
+    """Whether this path runs ``options``: pipe mode, a plain socket, nothing detachable or
+    resumed, no heartbeat."""
+    return (options.address.scheme in ("unix", "tcp") and not options.multiplex
+            and options.heartbeat is None
             and (options.pty is False or (options.pty is None and not os.isatty(0))))
 
 

@@ -14,7 +14,7 @@ import msgspec
 
 from ..addresses import Address
 from ..client.retry import backoff, retriable
-from ..defaults import DEFAULT_REMOTE_COMMAND
+from ..defaults import DEFAULT_HEARTBEAT, DEFAULT_REMOTE_COMMAND
 from ..errors import (
     CarrierError,
     ConnectionLost,
@@ -48,10 +48,20 @@ class ExecOptions(msgspec.Struct, frozen=True):
     steal: bool = False
     remote_command: str = DEFAULT_REMOTE_COMMAND  # what a carrier runs on the far side
     target: str = ""  # the address as given, for messages (default: as it parsed)
+    resume: float | None = None  # seconds to come back within after a lost connection
+    heartbeat: int | None = None  # seconds between heartbeats (DEFAULT_HEARTBEAT with resume)
 
     def __post_init__(self) -> None:
         if not self.target:
             msgspec.structs.force_setattr(self, "target", str(self.address))
+        if self.resume is not None and self.heartbeat is None:
+            msgspec.structs.force_setattr(self, "heartbeat", DEFAULT_HEARTBEAT)
+
+    @property
+    def multiplex(self) -> bool:
+        """A connection that carries a detachable session stays open after its exit, so the
+        client can `release` it (a single-session one closes at once)."""
+        return self.detachable or self.attach is not None or self.resume is not None
 
 
 class ExecFailure(Exception):

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from ..addresses import Address, default_address, parse_address
 from ..credentials import read_token
-from ..defaults import DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND
+from ..defaults import DEFAULT_HEARTBEAT, DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND, MAX_HEARTBEAT
 from ..errors import AddressError, ConfigError, UsageError
 from ..exitcodes import ExecExit, ServeExit
 from ..version import __version__
@@ -49,6 +49,13 @@ def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _heartbeat(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_HEARTBEAT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_HEARTBEAT}")
     return value
 
 
@@ -157,6 +164,14 @@ def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> No
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="CA certificates that sign the server's (default: the system's)")
     if parser.prog.endswith(("exec", "attach")):
+        parser.add_argument("--resume", type=_positive, metavar="SECONDS",
+                            help="when the connection is lost, come back for up to SECONDS "
+                                 "and go on where the output stopped (the session is "
+                                 "detachable, and hung up once without a client that long)")
+        parser.add_argument("--heartbeat", type=_heartbeat, metavar="SECONDS",
+                            help="speak at least every SECONDS, and count the server lost "
+                                 f"after 3 x SECONDS of silence (default with --resume: "
+                                 f"{DEFAULT_HEARTBEAT})")
         parser.add_argument("--detach-key", metavar="KEYS", type=_detach_key,
                             default=_detach_key(DEFAULT_DETACH_KEY),
                             help="keys that detach a detachable session at a terminal, in "
@@ -225,6 +240,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"ttyserve serve: {exc}\n")
         return ServeExit.CONFIG
+    if settings.persist:
+        from .persist import persist_main
+
+        return persist_main()
     return serve_main(settings)
 
 
@@ -241,7 +260,8 @@ def _exec(args: argparse.Namespace) -> int:
     options = ExecOptions(targets[0][1], remote, args.pty, dict(args.env), args.cwd,
                           args.retries, args.json, token, args.tls_ca,
                           detachable=args.detachable, detach_key=args.detach_key,
-                          remote_command=args.remote_command, target=targets[0][0])
+                          remote_command=args.remote_command, target=targets[0][0],
+                          resume=args.resume, heartbeat=args.heartbeat)
     if len(targets) == 1:
         from . import exec_direct
 
@@ -252,7 +272,8 @@ def _exec(args: argparse.Namespace) -> int:
         return exec_main(options)
     from .exec_many import fanout_main
 
-    for flag, given in (("-t", args.pty), ("--detachable", args.detachable)):
+    for flag, given in (("-t", args.pty), ("--detachable", args.detachable),
+                        ("--resume", args.resume)):
         if given:
             sys.stderr.write(f"ttyserve exec: {flag} works with one target, not "
                              f"{len(targets)}\n")
@@ -271,7 +292,8 @@ def _attach(args: argparse.Namespace) -> int:
     return exec_main(ExecOptions(address, [], json=args.json, token=token, tls_ca=args.tls_ca,
                                  detach_key=args.detach_key, attach=args.session,
                                  steal=args.steal, remote_command=args.remote_command,
-                                 target=args.connect or ""))
+                                 target=args.connect or "", resume=args.resume,
+                                 heartbeat=args.heartbeat))
 
 
 def _sessions(args: argparse.Namespace) -> int:

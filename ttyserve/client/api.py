@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from ..transport.streams import Transport, send_all
 from .background import beside
 from .connection import Connection
 from .dial import open_transport
+from .session import ResumeEvent
 
 if TYPE_CHECKING:
     from .carrier import Carrier, StderrLine
@@ -65,6 +66,9 @@ async def connect(
     window: int | None = None,
     remote_command: str = DEFAULT_REMOTE_COMMAND,
     carrier_stderr: StderrLine | None = None,
+    heartbeat: int | None = None,
+    on_resume: Callable[[ResumeEvent], None] | None = None,
+    persist: bool = False,
 ) -> AsyncIterator[Connection]:
     """Connect and say `hello`; `open` may follow at once (pipelined).
 
@@ -80,30 +84,47 @@ async def connect(
     reader, or one process that does not read its input, stalls only its own
     session. Credit is given back as the output is read.
 
+    ``heartbeat`` (seconds, section 10): each side sends something at least that often,
+    and gives the other up after three times that of silence. Sessions spawned or
+    attached with ``resume`` survive a lost connection: it is dialled again, and
+    ``on_resume`` hears each loss and each return. Through a carrier they need
+    ``persist``: the far side runs `serve --stdio --persist`, which relays to the user's
+    own server there (started when none answers), so the session outlives the carrier.
+
     ``tls`` verifies a `tls:` server (default: the system's CAs). Raises OSError
     (ssl.SSLError for a server that cannot be verified) when the server cannot
     be reached.
     """
     addr = address if isinstance(address, Address) else (
         parse_address(address) if address else default_address())
-    async with contextlib.AsyncExitStack() as stack:
-        carrier: Carrier | None = None
-        if addr.carried:
-            from .carrier import run_carrier, show_on_stderr  # subprocess only for carriers
+    context = tls or (client_tls_context() if addr.encrypted else None)
+    show_stderr = carrier_stderr
+    if addr.carried:
+        token = None  # a far side takes none: never hand a secret to every host we reach
+        if show_stderr is None:
+            from .carrier import show_on_stderr  # subprocess only for carriers
 
-            carrier = await stack.enter_async_context(run_carrier(
-                addr, carrier_stderr or show_on_stderr(str(addr)), remote_command))
-            transport: Transport = carrier.transport
-            token = None  # a far side takes none: never hand a secret to every host we reach
-        else:
-            transport = await open_transport(addr, tls or (client_tls_context()
-                                                           if addr.encrypted else None))
-            stack.push_async_callback(transport.aclose)
-        connection = Connection(transport, multiplex, window, carrier)
-        hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
-                      multiplex=multiplex, window=window)
+            show_stderr = show_on_stderr(str(addr))
+
+    async def dial(stack: contextlib.AsyncExitStack) -> tuple[Transport, Carrier | None]:
+        if addr.carried:
+            from .carrier import run_carrier
+
+            assert show_stderr is not None
+            carrier = await stack.enter_async_context(
+                run_carrier(addr, show_stderr, remote_command, persist))
+            return carrier.transport, carrier
+        transport = await open_transport(addr, context)
+        stack.push_async_callback(transport.aclose)
+        return transport, None
+
+    hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
+                  multiplex=multiplex, window=window, heartbeat=heartbeat)
+    async with contextlib.AsyncExitStack() as stack:
+        transport, carrier = await dial(stack)
+        connection = Connection(transport, hello, carrier, redial=dial, on_resume=on_resume)
         try:
-            await send_all(transport, connection.hello(hello))
+            await send_all(transport, connection.greeting())
         except anyio.BrokenResourceError as exc:
             if carrier is not None:
                 raise await carrier.failure() from exc

@@ -64,15 +64,18 @@ def show_on_stderr(target: str) -> StderrLine:
     return show
 
 
-def carrier_argv(address: Address, remote_command: str = DEFAULT_REMOTE_COMMAND) -> list[str]:
+def carrier_argv(address: Address, remote_command: str = DEFAULT_REMOTE_COMMAND,
+                 persist: bool = False) -> list[str]:
     """The carrier's command line: `ssh [-p PORT] [USER@]HOST -- CMD serve --stdio`, or the
-    `via:` command followed by `CMD serve --stdio`."""
+    `via:` command followed by `CMD serve --stdio`; with ``persist``, `--persist` too (the
+    far side relays to the user's own server there, so sessions outlive the carrier)."""
+    remote = [remote_command, *STDIO_ARGUMENTS, *(["--persist"] if persist else [])]
     if address.scheme == "ssh":
         port = ["-p", str(address.port)] if address.port else []
         user = f"{address.user}@" if address.user else ""
-        return ["ssh", *port, f"{user}{address.host}", "--", remote_command, *STDIO_ARGUMENTS]
+        return ["ssh", *port, f"{user}{address.host}", "--", *remote]
     if address.scheme == "via":
-        return [*address.command, remote_command, *STDIO_ARGUMENTS]
+        return [*address.command, *remote]
     raise ValueError(f"{address} is not reached through a carrier")
 
 
@@ -185,13 +188,14 @@ def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int) -> subprocess.
 
 @contextlib.asynccontextmanager
 async def run_carrier(address: Address, on_stderr: StderrLine,
-                      remote_command: str = DEFAULT_REMOTE_COMMAND) -> AsyncIterator[Carrier]:
+                      remote_command: str = DEFAULT_REMOTE_COMMAND,
+                      persist: bool = False) -> AsyncIterator[Carrier]:
     """Start the carrier for ``address``; on the way out, end and reap it (`Carrier.end`).
 
     Raises CarrierError (not_installed) when the carrier program cannot be run here, and
     OutOfResources when this machine cannot start it.
     """
-    argv = carrier_argv(address, remote_command)
+    argv = carrier_argv(address, remote_command, persist)
     pipes: list[tuple[int, int]] = []
     try:
         for _ in range(3):  # stdin, stdout, stderr

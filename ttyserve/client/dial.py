@@ -10,7 +10,13 @@ import anyio
 import anyio.abc
 
 from ..addresses import Address
-from ..transport.streams import SocketByteStream, SocketTransport, StreamTransport, Transport
+from ..transport.streams import (
+    SocketByteStream,
+    SocketTransport,
+    StreamTransport,
+    Transport,
+    keep_alive,
+)
 
 
 async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
@@ -26,6 +32,7 @@ async def _connect_socket(family: int, sockaddr: object) -> socket.socket:
                 raise OSError(error, os.strerror(error)) from None
         if family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)
         return sock
     except BaseException:
         sock.close()

@@ -40,6 +40,7 @@ from ..protocol.messages import (
     Error,
     Exit,
     Message,
+    Offsets,
     Resize,
     Signal,
     SignalName,
@@ -66,6 +67,26 @@ class ConnectionEnded:
         self.error = error
 
 
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A resuming session lost its connection (``reason``); the connection dials again."""
+
+    session: Session
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A resuming session is attached again, ``after`` seconds; ``lost_bytes`` of its output
+    were dropped from the server's ring meanwhile and never reach this client."""
+
+    session: Session
+    after: float
+    lost_bytes: int
+
+
+ResumeEvent = Lost | Resumed
+
 SessionEvent = (
     OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
     | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded
@@ -74,30 +95,32 @@ _Item = OutputChunk | Exit | Detached | Error
 
 
 class Link(Protocol):
-    """What a session asks of its connection: frames on its own channel."""
+    """What a session asks of its connection: frames on the session's channel (which a
+    resume changes)."""
 
-    def stdin_limit(self, channel: int) -> int:
-        """The most the next STDIN frame may carry; 0 to wait for credit (or ended)."""
+    def stdin_limit(self, session: Session) -> int:
+        """The most the next STDIN frame may carry; 0 to wait for credit, for a resume, or
+        because the channel has ended."""
         ...
 
-    def live(self, channel: int) -> bool:
-        """Whether the channel has not ended on either side."""
+    def live(self, session: Session) -> bool:
+        """Whether the channel has not ended on either side (a resuming session is live)."""
         ...
 
-    async def send_stdin(self, channel: int, data: bytes) -> None:
-        """Send one STDIN frame (within `stdin_limit`). Raises ConnectionLost (or what
-        ended the connection)."""
+    async def send_stdin(self, session: Session, data: bytes) -> bool:
+        """Send one STDIN frame (within `stdin_limit`); False when it was not sent because the
+        link changed meanwhile. Raises ConnectionLost (or what ended the connection)."""
         ...
 
-    async def send_control(self, channel: int, message: Message) -> None:
+    async def send_control(self, session: Session, message: Message) -> None:
         """Send `resize`, `signal`, `eof` or `detach` on the channel."""
         ...
 
-    async def cancel(self, channel: int) -> None:
+    async def cancel(self, session: Session) -> None:
         """End the channel here (`cancel`): nothing more is delivered for it."""
         ...
 
-    async def consumed(self, channel: int, size: int) -> None:
+    async def consumed(self, session: Session, size: int) -> None:
         """The application took ``size`` bytes of output: grant them back when due."""
         ...
 
@@ -105,14 +128,25 @@ class Link(Protocol):
 class Session:
     """One remote process. Iterate it for output; `status` is set once `exit` arrived."""
 
-    def __init__(self, link: Link, channel: int, *, windowed: bool) -> None:
+    def __init__(self, link: Link, channel: int, *, windowed: bool,
+                 resume: float | None = None) -> None:
         self._link = link
-        self.channel = channel
+        self.channel = channel  # on the connection's current link
+        self.resume = resume  # seconds it may take to come back after a lost connection
+        # Per stream, the bytes received since the session started (or since the ring's
+        # oldest byte, for an attach without offsets): where a resume attaches.
+        self.offsets = Offsets()
+        self.lost_bytes = 0  # output the ring dropped while this client was away
+        self.lost_at: float | None = None  # while it resumes: when its connection was lost
+        self.eof_sent = False  # its input is over: said again after a resume (pipes only)
+        self._unread = 0  # output bytes queued here, not yet taken by the application
+        self._stale = 0  # of those, what came on a lost link: no credit to give back
         self.pid: int | None = None
         self.id: str | None = None  # a detachable session's id: what `attach` takes
         self.argv: list[str] | None = None  # what runs, as the server said
         self.pty: bool | None = None  # whether it runs under a PTY, as the server said
         self.dropped = 0  # for an attached session: output lost from its ring before
+        self.prologue: str | None = None  # for an attached PTY: what restores the terminal
         self.status: Exit | None = None
         self.detached: Detached | None = None  # the channel ended, the session goes on
         self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
@@ -126,6 +160,11 @@ class Session:
         self._cancelled = False
         self._lost: Exception | None = None  # why the connection ended, once it has
         self._credit: anyio.Event | None = None  # made only when stdin has to wait
+
+    @property
+    def answered(self) -> bool:
+        """Whether the server accepted the `open` or `attach`."""
+        return self._answered.is_set() and self._refusal is None
 
     async def wait_answered(self) -> None:
         """Until the server answered the `open` or `attach`; raises its refusal (or what
@@ -142,23 +181,24 @@ class Session:
         Split into frames the server takes; on a windowed connection this waits
         for STDIN credit, as the server grants it while the process reads.
         """
-        link, channel = self._link, self.channel
+        link = self._link
         view = memoryview(data)
         while view:
-            size = link.stdin_limit(channel)
+            size = link.stdin_limit(self)
             if not size:
-                if not link.live(channel):
+                if not link.live(self):
                     return  # the session ended: what is left has nowhere to go
                 credit = self._credit = self._credit or anyio.Event()
                 await credit.wait()
                 if self._lost is not None:
                     raise self._lost
                 continue
-            await link.send_stdin(channel, bytes(view[:size]))
-            view = view[size:]
+            if await link.send_stdin(self, bytes(view[:size])):
+                view = view[size:]
 
     async def eof(self) -> None:
         """End of input: pipe stdin closed, or the terminal's EOF character."""
+        self.eof_sent = True
         await self._control(Eof())
 
     async def resize(self, rows: int, cols: int) -> None:
@@ -183,12 +223,12 @@ class Session:
         if self.status is None and not self._cancelled:
             self._cancelled = True
             self._send.close()
-            self._wake_sender()
-            await self._link.cancel(self.channel)
+            self.wake_sender()
+            await self._link.cancel(self)
 
     async def _control(self, message: Message) -> None:
-        if self._link.live(self.channel):  # else ended: there is no one to tell
-            await self._link.send_control(self.channel, message)
+        if self._link.live(self):  # else ended: there is no one to tell
+            await self._link.send_control(self, message)
 
     # --- output -------------------------------------------------------------
 
@@ -219,8 +259,15 @@ class Session:
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise self._lost or SessionCancelled("the session was cancelled") from None
             if isinstance(item, OutputChunk):
-                with contextlib.suppress(ConnectionLost, RemoteProtocolError):  # told later
-                    await self._link.consumed(self.channel, len(item.data))
+                size = len(item.data)
+                self._unread -= size
+                if self._stale:  # came on a lost link: its credit went with it
+                    paid = min(size, self._stale)
+                    self._stale -= paid
+                    size -= paid
+                if size:
+                    with contextlib.suppress(ConnectionLost, RemoteProtocolError):  # told later
+                        await self._link.consumed(self, size)
                 return item
             if isinstance(item, Exit):
                 self.status = item
@@ -253,11 +300,16 @@ class Session:
         """Take one event of this session's channel (the connection's reader calls this);
         it waits only while the output queue is full (no window: that is the push-back)."""
         if isinstance(event, OutputReceived):
-            stream: Literal["stdout", "stderr"] = (
-                "stderr" if event.kind is FrameKind.STDERR else "stdout")
-            await self._queue(OutputChunk(stream, event.data))
+            size = len(event.data)
+            self._unread += size
+            if event.kind is FrameKind.STDERR:
+                self.offsets.stderr += size
+                await self._queue(OutputChunk("stderr", event.data))
+            else:
+                self.offsets.stdout += size
+                await self._queue(OutputChunk("stdout", event.data))
         elif isinstance(event, StdinCreditGranted):
-            self._wake_sender()
+            self.wake_sender()
         elif isinstance(event, OpenedReceived):
             opened = event.opened
             self.pid, self.id, self.argv = opened.pid, opened.session, opened.argv
@@ -268,15 +320,23 @@ class Session:
             attached = event.attached
             self.pid, self.id, self.pty = attached.pid, attached.session, attached.pty
             self.dropped = attached.dropped
+            if attached.offsets is not None:  # where this attach's output begins
+                self.offsets = Offsets(stdout=attached.offsets.stdout,
+                                       stderr=attached.offsets.stderr)
+            self._stale = self._unread
+            self.prologue = attached.prologue
             self._answered.set()
         elif isinstance(event, OpenRefused):
+            if self._answered.is_set():  # a resume's attach: the session is gone
+                await self.feed(ConnectionEnded(request_error(event.error)))
+                return
             self._refusal = request_error(event.error)
             self._answered.set()
         elif isinstance(event, ExitReceived):
-            self._wake_sender()
+            self.wake_sender()
             await self._queue(event.exit)
         elif isinstance(event, DetachedReceived):
-            self._wake_sender()
+            self.wake_sender()
             await self._queue(Detached(reason=event.reason))
         elif isinstance(event, ErrorReceived):
             await self._queue(event.error)
@@ -286,13 +346,14 @@ class Session:
                 self._refusal = event.error
                 self._answered.set()
             self._send.close()
-            self._wake_sender()
+            self.wake_sender()
 
     async def _queue(self, item: _Item) -> None:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._send.send(item)
 
-    def _wake_sender(self) -> None:
+    def wake_sender(self) -> None:
+        """Input waiting for credit (or a resume) looks again."""
         if self._credit is not None:
             self._credit.set()
             self._credit = None

@@ -36,6 +36,9 @@ from .messages import (
     Message,
     Open,
     Opened,
+    Ping,
+    Pong,
+    Release,
     Sessions,
     Welcome,
     Window,
@@ -97,6 +100,10 @@ class ErrorReceived(msgspec.Struct, frozen=True):
     error: Error
 
 
+class PingReceived(msgspec.Struct, frozen=True):
+    """The server's heartbeat: answer with `pong()` at once (section 10)."""
+
+
 class StdinCreditGranted(msgspec.Struct, frozen=True):
     """The server granted more STDIN credit on ``channel``."""
 
@@ -106,6 +113,7 @@ class StdinCreditGranted(msgspec.Struct, frozen=True):
 ClientEvent = (
     WelcomeReceived | OpenedReceived | AttachedReceived | OpenRefused | OutputReceived
     | ExitReceived | DetachedReceived | ErrorReceived | StdinCreditGranted | SessionsReceived
+    | PingReceived
 )
 
 
@@ -146,6 +154,18 @@ class ClientConnection:
         if self.hello_sent is None:
             raise LocalProtocolError("'list' before 'hello'")
         return _control_frame(0, List())
+
+    def release(self, session: str) -> bytes:
+        """Frame `release` (channel 0): an ended session's exit was read, forget it."""
+        return _control_frame(0, Release(session=session))
+
+    def ping(self) -> bytes:
+        """Frame `ping` (channel 0): the heartbeat, when nothing else was sent a while."""
+        return _control_frame(0, Ping())
+
+    def pong(self) -> bytes:
+        """Frame `pong` (channel 0), the answer to the server's `ping`."""
+        return _control_frame(0, Pong())
 
     def _stdin_window(self) -> int:
         """The STDIN credit a channel starts with: 0 until `welcome` says it."""
@@ -319,6 +339,10 @@ class ClientConnection:
     def _connection_message(self, message: Message) -> ClientEvent | None:
         if isinstance(message, Sessions):
             return SessionsReceived(message)
+        if isinstance(message, Ping):
+            return PingReceived()
+        if isinstance(message, Pong):
+            return None  # that something came is all it says
         if isinstance(message, Welcome):
             if self.welcome is not None:
                 raise RemoteProtocolError("a second 'welcome'")

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from ..defaults import MAX_HEARTBEAT
 from ..errors import ErrorCode, ProtocolError, RemoteProtocolError, RequestError
 
 PROTOCOL_VERSION = 1
@@ -20,6 +21,8 @@ DEFAULT_TERM = "xterm-256color"
 
 Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
+Offset = Annotated[int, msgspec.Meta(ge=0)]
 SignalName = Literal[
     "INT", "TERM", "KILL", "HUP", "QUIT", "USR1", "USR2",
     "WINCH", "CONT", "STOP", "TSTP", "ALRM", "PIPE",
@@ -39,6 +42,7 @@ class Hello(Message, tag="hello"):
     client: str | None = None
     multiplex: bool = False
     window: ChannelCredit | None = None
+    heartbeat: HeartbeatSeconds | None = None  # section 10: each side speaks every S seconds
 
 
 class Open(Message, tag="open"):
@@ -50,6 +54,15 @@ class Open(Message, tag="open"):
     env: dict[str, str] = {}
     cwd: str | None = None
     detachable: bool = False  # section 9: it outlives its connection
+    detached_timeout: Annotated[int, msgspec.Meta(ge=1)] | None = None  # section 10, seconds
+
+
+class Offsets(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Per stream, bytes since the session started (section 10): what a client holds, or
+    where an attach's output begins."""
+
+    stdout: Offset = 0
+    stderr: Offset = 0
 
 
 class Attach(Message, tag="attach"):
@@ -59,6 +72,21 @@ class Attach(Message, tag="attach"):
     rows: Dimension | None = None
     cols: Dimension | None = None
     steal: bool = False
+    offsets: Offsets | None = None  # section 10: the bytes the client already holds
+
+
+class Release(Message, tag="release"):
+    """On channel 0: forget an ended session now, its exit read (section 10)."""
+
+    session: str
+
+
+class Ping(Message, tag="ping"):
+    """On channel 0, either way: answered by `pong` at once (section 10)."""
+
+
+class Pong(Message, tag="pong"):
+    pass
 
 
 class Detach(Message, tag="detach"):
@@ -100,6 +128,7 @@ class Welcome(Message, tag="welcome"):
     server: str
     max_frame: int
     window: int | None = None
+    heartbeat: int | None = None  # the client's `hello.heartbeat`, agreed
 
 
 class Opened(Message, tag="opened"):
@@ -114,6 +143,8 @@ class Attached(Message, tag="attached"):
     pid: int
     pty: bool
     dropped: int  # output bytes lost from the ring since the session started
+    offsets: Offsets | None = None  # where this attach's output begins, per stream
+    prologue: str | None = None  # escape sequences that restore a PTY's terminal modes
 
 
 STOLEN = "stolen"  # the reason of `detached` when another channel attached with steal
@@ -157,16 +188,20 @@ class Error(Message, tag="error"):
     channel: int | None = None  # channel_in_use on channel 0 names the ended channel
 
 
-ClientMessage = Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
-ServerMessage = Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
+ClientMessage = (Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
+                 | Release | Ping | Pong)
+ServerMessage = (Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
+                 | Ping | Pong)
 
 CLIENT_MESSAGES: dict[str, type[Message]] = {
     "hello": Hello, "open": Open, "attach": Attach, "detach": Detach, "list": List,
     "resize": Resize, "signal": Signal, "eof": Eof, "cancel": Cancel, "window": Window,
+    "release": Release, "ping": Ping, "pong": Pong,
 }
 SERVER_MESSAGES: dict[str, type[Message]] = {
     "welcome": Welcome, "opened": Opened, "attached": Attached, "detached": Detached,
     "sessions": Sessions, "exit": Exit, "error": Error, "window": Window,
+    "ping": Ping, "pong": Pong,
 }
 
 _encoder = msgspec.json.Encoder()

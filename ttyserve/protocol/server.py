@@ -1,4 +1,4 @@
-"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4, 7 and 9.
+"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4, 7, 9 and 10.
 
 Bytes go in with `receive_data`; `next_event` hands out one event at a time,
 so the I/O layer's decisions (accept a hello, admit an open) take effect
@@ -40,6 +40,9 @@ from .messages import (
     Message,
     Open,
     Opened,
+    Ping,
+    Pong,
+    Release,
     Sessions,
     Welcome,
     Window,
@@ -50,6 +53,8 @@ from .messages import (
 )
 
 Buffer = bytes | bytearray | memoryview
+_CHANNEL_0 = frozenset({"list", "release", "ping", "pong"})  # what goes on channel 0 only
+_CHANNEL_0_TYPES = (List, Release, Ping, Pong)
 
 
 class Stage(enum.Enum):
@@ -110,6 +115,12 @@ class CreditGranted(msgspec.Struct, frozen=True):
     channel: int
 
 
+class ReleaseRequested(msgspec.Struct, frozen=True):
+    """`release` on channel 0: the client read an ended session's exit (section 10)."""
+
+    session: str
+
+
 class CancelRequested(msgspec.Struct, frozen=True):
     """The channel has ended; its session is to be ended with nothing more sent."""
 
@@ -118,7 +129,7 @@ class CancelRequested(msgspec.Struct, frozen=True):
 
 ServerEvent = (
     HelloReceived | OpenRequested | AttachRequested | StdinReceived | ControlReceived
-    | CreditGranted | CancelRequested | DetachRequested | ListRequested
+    | CreditGranted | CancelRequested | DetachRequested | ListRequested | ReleaseRequested
 )
 
 
@@ -282,9 +293,8 @@ class ServerConnection:
             raise RemoteProtocolError("a second 'hello'")
         if msg_type in ("open", "attach"):
             return self._open(channel, msg_type, obj)
-        if msg_type == "list" and channel == 0:
-            self._listed = True
-            return ListRequested()
+        if channel == 0 and msg_type in _CHANNEL_0:
+            return self._connection_message(msg_type, obj)
         state = self.channels.state(channel)
         if state is ChannelState.ENDED:
             return None
@@ -310,13 +320,35 @@ class ServerConnection:
                 return None  # no windows on this connection: nothing to add to
             credit.add(message.bytes)
             return CreditGranted(channel)
-        if isinstance(message, List):
+        if isinstance(message, _CHANNEL_0_TYPES):
             self._frame_error(channel, RequestError(ErrorCode.BAD_REQUEST,
-                                                    "'list' goes on channel 0"))
+                                                    f"{msg_type!r} goes on channel 0"))
             return None
         if isinstance(message, Detach):
             return DetachRequested(channel)
         return ControlReceived(channel, message)
+
+    def _connection_message(self, msg_type: str, obj: dict[str, object],
+                            ) -> ServerEvent | None:
+        """`list`, `release`, `ping` and `pong` on channel 0; a `ping` is answered here."""
+        try:
+            message = convert_message(msg_type, obj, CLIENT_MESSAGES)
+        except RequestError as exc:
+            raise RemoteProtocolError(exc.message) from exc  # channel 0 has no other answer
+        if isinstance(message, Ping):
+            self._frame_control(0, Pong())
+            return None
+        if isinstance(message, Release):
+            return ReleaseRequested(message.session)
+        if isinstance(message, List):
+            self._listed = True
+            return ListRequested()
+        return None  # a `pong`: that something came is all it says
+
+    def ping(self) -> None:
+        """Frame a `ping` on channel 0 (the heartbeat: nothing else was sent for a while)."""
+        if self.stage is Stage.READY:
+            self._frame_control(0, Ping())
 
     def _open(self, channel: int, msg_type: str, obj: dict[str, object],
               ) -> OpenRequested | AttachRequested | None:
@@ -361,8 +393,10 @@ class ServerConnection:
         """Answer `hello` with `welcome` (with the STDIN window when windows are on)."""
         if self.stage is not Stage.DECIDING:
             raise LocalProtocolError(f"no 'hello' to accept ({self.stage.value})")
+        assert self.hello is not None
         self._frame_control(0, Welcome(protocol=PROTOCOL_VERSION, server=server,
-                                       max_frame=self.max_frame, window=self.stdin_window))
+                                       max_frame=self.max_frame, window=self.stdin_window,
+                                       heartbeat=self.hello.heartbeat))
         self.stage = Stage.READY
 
     def close(self, error: RequestError | ProtocolError | None = None) -> None:

@@ -16,7 +16,7 @@ import collections
 from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Attached, Exit
+from ..protocol.messages import Attached, Exit, Offsets
 
 if TYPE_CHECKING:
     from .session import ServerSession
@@ -56,7 +56,7 @@ class ChannelHost(Protocol):
 class Attachment:
     """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
 
-    __slots__ = ("_replay", "channel", "host", "live", "released", "session")
+    __slots__ = ("_redraw", "_replay", "channel", "host", "live", "released", "session")
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession) -> None:
         self.host = host
@@ -65,18 +65,29 @@ class Attachment:
         self.live = True  # the gate: output and the exit go out once the replay has
         self.released = False  # the channel ended, or the session let go of it
         self._replay: Chunks | None = None  # what the replay has left to send
+        self._redraw = False  # SIGWINCH once the replay is over (a fresh terminal)
 
     @classmethod
-    def attach(cls, host: ChannelHost, channel: int, session: ServerSession) -> Attachment:
-        """Take over a detachable session: in one step, with no await, snapshot its ring,
-        frame `attached` and become its sink; the replay starts at once."""
+    def attach(cls, host: ChannelHost, channel: int, session: ServerSession,
+               offsets: Offsets | None = None) -> Attachment:
+        """Take over a detachable session: in one step, with no await, take its ring from
+        ``offsets`` on (the bytes the client holds; the registry checked them), frame
+        `attached` and become its sink; the replay starts at once. A client that holds
+        nothing of it (no offsets), or lost some, gets the prologue, and the program is
+        told to redraw once the replay is over."""
         ring = session.ring
         assert ring is not None, "only a detachable session can be attached"
+        held = offsets or Offsets()
+        begins, chunks = ring.since(held.stdout, held.stderr)
+        fresh = offsets is None or begins[FrameKind.STDOUT] > held.stdout
         attachment = cls(host, channel, session)
-        attachment._replay = collections.deque(ring.snapshot())
+        attachment._replay = collections.deque(chunks)
+        attachment._redraw = fresh and session.spec.pty and session.final is None
         attachment.live = False
-        host.frame_attached(attachment, Attached(session=session.id, pid=session.pid,
-                                              pty=session.spec.pty, dropped=ring.dropped))
+        host.frame_attached(attachment, Attached(
+            session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
+            offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
+            prologue=session.prologue() if fresh else None))
         session.attach(attachment)
         attachment.resume()
         return attachment
@@ -141,4 +152,7 @@ class Attachment:
             host.send_output(channel, kind, data)
         self._replay = None
         self.live = True
+        if self._redraw:
+            self._redraw = False
+            self.session.redraw()
         self.session.sink_ready()

@@ -23,7 +23,7 @@ from .settings import ServerSettings, options
 ENV_PREFIX = "TTYSERVE_"
 # What a carrier asks for on its command line, never a host's setting: a TTYSERVE_STDIO or
 # a file must not turn a daemon into a stdio server.
-FLAG_ONLY = frozenset({"stdio"})
+FLAG_ONLY = frozenset({"stdio", "persist"})
 
 
 def flag(key: str) -> str:
@@ -141,6 +141,8 @@ def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
         **_validate(_from_environment(environ), "environment", ConfigError),
         **_validate(flags, "flag", UsageError),
     }
+    if flags.get("persist") and not flags.get("stdio"):
+        raise UsageError("--persist relays a carrier's stdin and stdout: give --stdio too")
     if flags.get("stdio") and "listen" not in flags:
         merged.pop("listen", None)  # a host's TTYSERVE_LISTEN or file is for its daemon
     return ServerSettings(**merged)  # type: ignore[arg-type]  # each value converted above

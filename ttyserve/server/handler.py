@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import select
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -23,6 +25,7 @@ import anyio.abc
 from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE
 from ..errors import ErrorCode, RemoteProtocolError, RequestError
 from ..protocol.frames import FrameKind
+from ..protocol.heartbeat import Beat, Heartbeat
 from ..protocol.messages import Attached, Eof, Exit, Opened, Sessions
 from ..protocol.server import (
     AttachRequested,
@@ -33,6 +36,7 @@ from ..protocol.server import (
     HelloReceived,
     ListRequested,
     OpenRequested,
+    ReleaseRequested,
     ServerConnection,
     ServerEvent,
     StdinReceived,
@@ -83,6 +87,10 @@ class ConnectionHandler:
         # The writer task, when one is needed, runs beside the connection's own.
         self.outbox = Outbox(transport, on_broken=self._stop_reading, on_room=self._room)
         self.outbox.attach(tasks)
+        self._tasks = tasks
+        self._heartbeat: Heartbeat | None = None  # section 10, when `hello` asked for it
+        self._beat_scope: anyio.CancelScope | None = None
+        self._over = False
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
         self._later: Later | None = None  # what the readiness callback left the reader task
@@ -110,6 +118,9 @@ class ConnectionHandler:
                 await close_gracefully(self.transport, CLOSE_TIMEOUT, functools.partial(
                     self.transport.send_eof, protocol_error=self.core.error is not None))
         finally:
+            self._over = True
+            if self._beat_scope is not None:
+                self._beat_scope.cancel()
             for attachment in list(self.attachments.values()):
                 self._leave(attachment)  # cancelled (a forced shutdown): as the client left
             self.outbox.close()
@@ -179,6 +190,8 @@ class ConnectionHandler:
     def flush(self) -> None:
         """Hand what the core framed to the writer, without waiting."""
         if self.core.pending and not self.outbox.broken:
+            if (heartbeat := self._heartbeat) is not None:
+                heartbeat.last_sent = time.monotonic()
             try:
                 self.outbox.push(self.core.data_to_send())
             except anyio.BrokenResourceError:
@@ -232,6 +245,7 @@ class ConnectionHandler:
                 core.close(exc)
                 return
             if data is not None:
+                self._heard()
                 core.receive_data(data)
             try:
                 if (later := self._later) is not None:
@@ -278,6 +292,7 @@ class ConnectionHandler:
         data = socket.receive_nowait(SERVER_RECEIVE)
         if data is None:
             return True
+        self._heard()
         core.receive_data(data)
         try:
             while (event := core.next_event()) is not None:
@@ -327,6 +342,8 @@ class ConnectionHandler:
                 attachment.session.cancel()
         elif isinstance(event, DetachRequested):
             self._detach(event.channel)
+        elif isinstance(event, ReleaseRequested):
+            self.registry.release(event.session, self.principal)
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, HelloReceived):
@@ -351,6 +368,48 @@ class ConnectionHandler:
             self.core.close(shutting_down())
             return
         self.core.accept_hello(SERVER_NAME)
+        if (interval := event.hello.heartbeat) is not None:
+            self._heartbeat = Heartbeat(interval, time.monotonic())
+            self._tasks.start_soon(self._beat, self._heartbeat)
+
+    # --- the heartbeat (section 10) ------------------------------------------------
+
+    def _input_waiting(self) -> bool:
+        """Whether the client's bytes wait unread because we stopped reading (a full send
+        queue holds the reader back): a slow reader is not a dead one."""
+        fileno = getattr(self.transport, "fileno", None)
+        if fileno is None or self.outbox.has_room:
+            return False
+        try:
+            return bool(select.select([fileno()], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
+    def _heard(self) -> None:
+        if (heartbeat := self._heartbeat) is not None:
+            heartbeat.last_received = time.monotonic()
+
+    async def _beat(self, heartbeat: Heartbeat) -> None:
+        """Ping when nothing was sent for an interval; give the client up when nothing came
+        for three: its sessions are let go as for any closed connection."""
+        with anyio.CancelScope() as self._beat_scope:
+            while not self._over:
+                now = time.monotonic()
+                beat = heartbeat.check(now)
+                if beat is Beat.DEAD and self._input_waiting():
+                    heartbeat.last_received = now  # alive: it is we who do not read it
+                    continue
+                if beat is Beat.DEAD:
+                    log.info("%s: nothing came for %g s: the connection is dead", self.peer,
+                             heartbeat.silence_limit)
+                    self.core.close()
+                    self.outbox.abort()  # nothing more waits to be sent to a silent peer
+                    return
+                if beat is Beat.PING:
+                    self.core.ping()
+                    self.flush()
+                    heartbeat.last_sent = now
+                await anyio.sleep(heartbeat.next_check() - now)
 
     def _open_now(self, event: OpenRequested) -> bool:
         """Answer an `open` that needs no waiting (no journal to write first); False when it
@@ -396,10 +455,10 @@ class ConnectionHandler:
         except RequestError as exc:
             self.core.refuse(channel, exc)
             return
-        if session.pending_exit is None and (request.rows or request.cols):
+        if session.final is None and (request.rows or request.cols):
             rows, cols = session.size
             session.resize(request.rows or rows, request.cols or cols)
-        Attachment.attach(self, channel, session)
+        Attachment.attach(self, channel, session, request.offsets)
         self.registry.note_soon(session, SessionAttach, str(self.peer))
 
     def _detach(self, channel: int) -> None:

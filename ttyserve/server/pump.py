@@ -21,6 +21,9 @@ from ..backends.base import OutputSource
 from ..protocol.frames import FrameKind
 from ..transport.readiness import Watch
 
+LAST_DRAIN = 2 << 20  # once the linger ran out, the most still read: what a full pipe (1 MiB,
+# see backends/local.py) holds, with room to spare, however fast a background job writes
+
 
 class Stall(enum.Enum):
     """Why a pump stopped reading."""
@@ -56,6 +59,7 @@ class OutputPump:
     __slots__ = (
         "_held",
         "_last",
+        "_left",
         "_owner",
         "_resumed",
         "_source",
@@ -71,7 +75,8 @@ class OutputPump:
         self._owner = owner
         self._source = source
         self._held = b""  # one byte read ahead while the sink took nothing (see `step`)
-        self._last = False  # the linger ran out: one chunk of what is buffered, then done
+        self._last = False  # the linger ran out: what is buffered now, then done
+        self._left = LAST_DRAIN  # what may still be read once it has
         self._watch: Watch | None = None
         self._resumed: anyio.Event | None = None  # made only when the pump's task must wait
         self._waiting: anyio.CancelScope | None = None  # the task's wait for output
@@ -101,7 +106,9 @@ class OutputPump:
             return self._finished() if source.at_eof or self._last else Stall.READABLE
         room = owner.deliver(self.kind, data)
         if self._last:
-            return self._finished()
+            self._left -= len(data)
+            if self._left <= 0:
+                return self._finished()
         return Stall.READABLE if room else Stall.SINK
 
     def _finished(self) -> Stall:
@@ -121,6 +128,8 @@ class OutputPump:
         """The loop's callback: the stream has output (or its end)."""
         try:
             stall = self.step()
+            while stall is Stall.READABLE and self._last:  # what is buffered: no wait for it
+                stall = self.step()
         except Exception as exc:  # a fault: the session ends with it
             if self._watch is not None:
                 self._watch.stop()
@@ -148,7 +157,8 @@ class OutputPump:
             self._resumed.set()
 
     def last_chunk(self) -> None:
-        """The linger ran out: send what is buffered now, not what comes later, then stop."""
+        """The linger ran out: send what is buffered now (as fast as the sink takes it: a
+        slow client does not lose it), not wait for more, then stop."""
         if self.done:
             return
         self._last = True
@@ -161,7 +171,9 @@ class OutputPump:
     async def run(self) -> None:
         """Step, and wait in between, until done; raises what reading raises."""
         while (stall := self.step()) is not Stall.DONE:
-            if stall is Stall.READABLE:
+            if stall is Stall.READABLE and self._last:
+                await anyio.lowlevel.checkpoint()  # what is buffered is read with no wait
+            elif stall is Stall.READABLE:
                 with anyio.CancelScope() as self._waiting:
                     await self._source.wait_readable()
                 self._waiting = None

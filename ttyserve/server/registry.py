@@ -28,6 +28,7 @@ from ..errors import ErrorCode, RequestError
 from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo, members
 from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
 from .recording import finish_recording, start_recording
+from .scrollback import OffsetBeyondOutput
 from .session import ServerSession
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
@@ -150,7 +151,7 @@ class SessionRegistry:
                                errno=failure)))
                 raise _spawn_failed(exc, peer) from exc
             session = self._session(session_id, process, spec, owner, peer,
-                                    request.detachable)
+                                    request.detachable, request.detached_timeout)
             # Shielded: a cancel now must not leave a process without its record, nor its
             # owner.
             session.recorded = await self._record(lambda journal: journal.append(
@@ -174,7 +175,7 @@ class SessionRegistry:
             raise _spawn_failed(exc, peer) from exc
         return self._admitted(
             self._session(self._new_id(request.detachable), process, spec, owner, peer,
-                          request.detachable))
+                          request.detachable, request.detached_timeout))
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
@@ -188,6 +189,14 @@ class SessionRegistry:
         if request.detachable and not settings.keeps_detached:
             raise RequestError(ErrorCode.BAD_REQUEST, "this server cannot keep a detachable "
                                "session: it ends with its one connection (serve --stdio)")
+        if request.detached_timeout is not None:
+            if not request.detachable:
+                raise RequestError(ErrorCode.BAD_REQUEST, "detached_timeout needs "
+                                   "detachable: true")
+            if request.detached_timeout > settings.detached_timeout:
+                raise RequestError(ErrorCode.BAD_REQUEST, (
+                    f"detached_timeout {request.detached_timeout} is over this server's "
+                    f"--detached-timeout of {settings.detached_timeout:g} s"))
         try:
             self._policy.check(request)
         except RequestError as exc:
@@ -196,11 +205,12 @@ class SessionRegistry:
         return self.spec_for(request)
 
     def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
-                 peer: str, detachable: bool) -> ServerSession:
+                 peer: str, detachable: bool, detached_timeout: int | None) -> ServerSession:
         session = ServerSession(session_id, process, spec, peer, self._start_task,
                                 linger=self.settings.linger, owner=owner,
-                                scrollback=self.settings.scrollback if detachable else None)
-        session.on_delivered = lambda: self._forget(session)
+                                scrollback=self.settings.scrollback if detachable else None,
+                                detached_timeout=detached_timeout or self.settings.detached_timeout)
+        session.on_delivered = lambda: self._delivered(session)
         return session
 
     def _admitted(self, session: ServerSession) -> ServerSession:
@@ -231,6 +241,12 @@ class SessionRegistry:
             raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached elsewhere "
                                "(attach with steal to take it over)")
         self.check_room(sessions_here)
+        if (offsets := request.offsets) is not None:
+            assert session.ring is not None
+            try:
+                session.ring.since(offsets.stdout, offsets.stderr)
+            except OffsetBeyondOutput as exc:
+                raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
         previous = session.sink
         if previous is not None:
             session.sink = None
@@ -241,7 +257,7 @@ class SessionRegistry:
         """``owner``'s detachable sessions, for `list`."""
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
                             started=s.started, attached=s.sink is not None,
-                            exit=members(s.pending_exit) if s.pending_exit else None)
+                            exit=members(s.final) if s.final else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- running -----------------------------------------------------------------------
@@ -304,10 +320,10 @@ class SessionRegistry:
             session.sink.lost()  # a fault: the channel ends with exit -1 all the same
 
     def _ended(self, session: ServerSession) -> None:
-        if session.pending_exit is None:  # else kept for the next attach, in bounded memory
-            self._forget(session)
-        else:
+        if self._kept(session):  # for the next attach, in bounded memory
             self.deadline_moved()
+        else:
+            self._forget(session)
         self._running -= 1  # after the end record: "none running" means all written
         if not self._running and self._emptied is not None:
             self._emptied.set()
@@ -359,23 +375,49 @@ class SessionRegistry:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
 
+    def _kept(self, session: ServerSession) -> bool:
+        """Whether an ended session stays attachable: its exit not delivered yet, or delivered
+        less than --keep-ended ago (the client may not have read it)."""
+        return session.detachable and session.final is not None and (
+            session.delivered_at is None or self.settings.keep_ended > 0)
+
+    def _delivered(self, session: ServerSession) -> None:
+        """An ended session's exit went out: it is kept --keep-ended seconds more."""
+        if session.output_over and not self._kept(session):
+            self._forget(session)
+        else:
+            self.deadline_moved()
+
+    def release(self, session_id: str, owner: str) -> None:
+        """`release`: forget ``owner``'s ended session now (its exit was read); anything
+        else (running, attached, unknown, another's) is left as it is."""
+        session = self.sessions.get(session_id)
+        if (session is not None and session.owner == owner and session.final is not None
+                and session.sink is None):
+            self._forget(session)
     def sweep(self, now: float) -> float | None:
-        """Hang up detached sessions nobody attached for --detached-timeout (journal:
-        abandoned), and drop ended ones whose exit nobody came for; the nearest deadline
-        still ahead, if any."""
-        timeout = self.settings.detached_timeout
+        """Hang up detached sessions nobody attached for their detached timeout (journal:
+        abandoned), drop ended ones whose exit nobody came for, and those whose exit went
+        out --keep-ended ago; the nearest deadline still ahead, if any."""
+        keep_ended = self.settings.keep_ended
         nearest: float | None = None
         for session in list(self.sessions.values()):
             if session.detached_at is None or session.sink is not None:
                 continue
-            deadline = session.detached_at + timeout
+            if session.delivered_at is not None:
+                deadline = session.delivered_at + keep_ended
+            else:
+                deadline = session.detached_at + session.detached_timeout
             if deadline > now:
                 nearest = deadline if nearest is None else min(nearest, deadline)
-            elif session.pending_exit is not None:
+            elif session.delivered_at is not None:
+                self._forget(session)
+            elif session.final is not None:
                 log.info("session %s: its exit was not collected in time: dropped", session.id)
                 self._forget(session)
             elif session.ending is None:
-                log.info("session %s: detached for %g s: hung up", session.id, timeout)
+                log.info("session %s: detached for %g s: hung up", session.id,
+                         session.detached_timeout)
                 session.cancel(Reason.ABANDONED)
         return nearest
 
@@ -393,7 +435,7 @@ class SessionRegistry:
         group, detached ones included."""
         self.closing = True
         for session in list(self.sessions.values()):
-            if session.pending_exit is None:
+            if session.final is None:
                 session.hang_up()
 
     async def wait_empty(self) -> None:

@@ -7,6 +7,10 @@ chunks are; `dropped` counts only output bytes lost. Large chunks are kept in
 pieces of at most one read (a read is kept whole, with no copy), and a partly
 dropped head is a view, so trimming never copies much and never holds much
 more than it counts.
+
+The ring also keeps each stream's offsets (section 10): how many bytes the
+stream has produced, and where the ring's oldest byte of it lies, so an attach
+can begin at the offset a client names.
 """
 
 from __future__ import annotations
@@ -21,12 +25,19 @@ _COALESCE = 4096  # small chunks of one stream are joined into the last one, up 
 PIECE = OUTPUT_CHUNK  # large chunks are kept in pieces of at most one read
 
 
+class OffsetBeyondOutput(ValueError):
+    """An attach named an offset its stream has not reached."""
+
+
 class Scrollback:
     """A ring of output chunks at most ``size`` bytes (data plus CHUNK_COST per chunk)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.dropped = 0  # output bytes lost from the ring since the session started
+        # Per stream: the offset of the ring's oldest byte, and of the next byte produced.
+        self.start = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
+        self.end = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
         self._chunks: collections.deque[tuple[FrameKind, bytes | bytearray | memoryview]] = (
             collections.deque())
         self._used = 0
@@ -39,6 +50,7 @@ class Scrollback:
         """Keep ``data``; drop the oldest output beyond the size."""
         if not data:
             return
+        self.end[kind] += len(data)
         last = self._chunks[-1] if self._chunks else None
         if (last is not None and last[0] is kind and len(last[1]) + len(data) <= _COALESCE
                 and isinstance(last[1], bytearray)):
@@ -62,11 +74,31 @@ class Scrollback:
                 self._chunks.popleft()
                 self._used -= len(oldest) + CHUNK_COST
                 self.dropped += len(oldest)
+                self.start[kind] += len(oldest)
             else:  # only part of the oldest chunk must go (a view: no copy of the rest)
                 self._chunks[0] = (kind, memoryview(oldest)[excess:])
                 self._used -= excess
                 self.dropped += excess
+                self.start[kind] += excess
 
-    def snapshot(self) -> list[tuple[FrameKind, bytes]]:
-        """What the ring holds now, oldest first (a copy: later output does not change it)."""
-        return [(kind, bytes(data)) for kind, data in self._chunks]
+    def since(self, stdout: int = 0, stderr: int = 0,
+              ) -> tuple[dict[FrameKind, int], list[tuple[FrameKind, bytes]]]:
+        """What the ring holds from each stream's offset on, in production order (a copy),
+        and the offset each stream's part begins at: the one asked for, or later where the
+        ring no longer holds it. OffsetBeyondOutput for an offset not produced yet."""
+        wanted = {FrameKind.STDOUT: stdout, FrameKind.STDERR: stderr}
+        for kind, offset in wanted.items():
+            if offset > self.end[kind]:
+                raise OffsetBeyondOutput(
+                    f"{kind.name.lower()} offset {offset} is beyond the {self.end[kind]} "
+                    "bytes the stream has produced")
+        begins = {kind: max(offset, self.start[kind]) for kind, offset in wanted.items()}
+        position = dict(self.start)
+        chunks = []
+        for kind, data in self._chunks:
+            at = position[kind]
+            position[kind] = at + len(data)
+            skip = begins[kind] - at
+            if skip < len(data):
+                chunks.append((kind, bytes(data[skip:]) if skip > 0 else bytes(data)))
+        return begins, chunks

@@ -23,9 +23,10 @@ from typing import Protocol
 import anyio
 
 from ..backends.base import ProcessHandle, ProcessSpec
-from ..defaults import DEFAULT_LINGER, OUTPUT_CHUNK
+from ..defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
 from ..protocol.messages import Exit, Message, Resize, Signal
+from ..protocol.terminal_modes import TerminalModes
 from ..transport.readiness import Watch
 from .journal import Reason, now_rfc3339
 from .pump import OutputPump
@@ -84,7 +85,8 @@ class ServerSession:
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
                  peer: str, start_task: StartTask, *, linger: float = DEFAULT_LINGER,
-                 owner: str = "", scrollback: int | None = None) -> None:
+                 owner: str = "", scrollback: int | None = None,
+                 detached_timeout: float = DEFAULT_DETACHED_TIMEOUT) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
@@ -95,10 +97,14 @@ class ServerSession:
         self.sink: Sink | None = None
         # Detachable sessions (section 9) keep a ring of their output, attached or not.
         self.ring = Scrollback(scrollback) if scrollback is not None else None
+        # ...and a PTY's, the terminal modes its output set (for `attached.prologue`).
+        self.modes = TerminalModes() if self.ring is not None and spec.pty else None
         self.detached_at: float | None = None  # when it was last left without a sink
-        self.pending_exit: Exit | None = None  # ready but not delivered: for the next sink
+        self.detached_timeout = detached_timeout  # seconds it may stay so (section 10)
+        self.final: Exit | None = None  # its exit, once its output is over
+        self.delivered_at: float | None = None  # when its exit last went out (section 10)
         self.observers: list[OutputObserver] = []  # a recording, say: sees all output
-        self.on_delivered: Callable[[], None] | None = None  # a pending exit went out
+        self.on_delivered: Callable[[], None] | None = None  # its exit went out
         self.ending: Reason | None = None  # why it was ended, when something ended it
         self.recorded = False  # its start record is in the journal: it gets an end
         self.bytes_in = 0
@@ -118,7 +124,7 @@ class ServerSession:
         self._ended: Ended | None = None  # on callbacks alone: told once it is over
         self._linger_timer: asyncio.TimerHandle | None = None
         self._status: Exit | None = None  # the process's, once reaped
-        self._exit_sent = False
+        self._exit_sent = False  # a session nobody can attach again sends it once
 
     @property
     def pid(self) -> int:
@@ -127,6 +133,11 @@ class ServerSession:
     @property
     def detachable(self) -> bool:
         return self.ring is not None
+
+    @property
+    def pending_exit(self) -> Exit | None:
+        """Its exit, when no client has had it yet (kept for the next attach)."""
+        return self.final if self.detachable and self.delivered_at is None else None
 
     # --- what the connection and the registry ask ---------------------------------
 
@@ -203,6 +214,15 @@ class ServerSession:
         for observer in self.observers:
             observer.resized(rows, cols)
 
+    def prologue(self) -> str | None:
+        """What puts a fresh terminal in the modes the output set; None when there is none."""
+        return (self.modes.prologue() or None) if self.modes is not None else None
+
+    def redraw(self) -> None:
+        """A terminal attached afresh: SIGWINCH to the foreground program, which redraws."""
+        if self.final is None:
+            self.process.send_signal(signal.SIGWINCH)
+
     def control(self, message: Message) -> None:
         """Apply `resize` or `signal` at once: they do not wait behind stdin."""
         if isinstance(message, Resize):
@@ -226,6 +246,8 @@ class ServerSession:
         self.bytes_out += len(data)
         if self.ring is not None:
             self.ring.append(kind, data)
+            if self.modes is not None:
+                self.modes.feed(data)
         for observer in self.observers:
             observer.output(kind, data)
         sink = self.sink
@@ -332,28 +354,31 @@ class ServerSession:
 
     def _offer_exit(self) -> None:
         """The one place the exit goes out: once the output is over (`output_over`), after
-        every output frame, to the sink whose replay is over; exactly once. With none, a
-        detachable session keeps it for the next attach (`pending_exit`)."""
+        every output frame, to the sink whose replay is over, as the sink's last frame. A
+        detachable session keeps it (`final`) for each later attach, until the registry
+        forgets the session."""
         status = self._status
         if status is None or self._open_streams or self._exit_sent:
             return
-        if self.pending_exit is None:  # the first time: the recording's last event
+        if self.final is None:  # the first time: the recording's last event
+            self.final = status
             for observer in self.observers:
                 observer.exited(status)
         sink = self.sink
         if sink is not None and sink.live:
+            self.sink = None
             if sink.send_exit(status):
-                self._exit_sent = True
-                delivered_later = self.pending_exit is not None
-                self.pending_exit = None
-                if delivered_later and self.on_delivered is not None:
+                if not self.detachable:
+                    self._exit_sent = True
+                    return
+                # Kept a while all the same (section 10's --keep-ended): the client may not
+                # have read it before its connection broke, and attaches again for it.
+                self.delivered_at = self.detached_at = time.monotonic()
+                if self.on_delivered is not None:
                     self.on_delivered()
                 return
-            self.sink = None  # its channel had ended (the connection is closing): as detached
-            self.detached_at = time.monotonic()
-        if self.detachable:
-            self.pending_exit = status
-        else:
+            self.detached_at = time.monotonic()  # its channel had ended: as detached
+        if not self.detachable:
             self._exit_sent = True  # nobody can attach: the exit has nowhere to go
 
     async def _until_settled(self) -> None:

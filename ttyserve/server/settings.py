@@ -23,6 +23,7 @@ from ..backends.kinds import BackendKind
 from ..defaults import (
     DEFAULT_DETACHED_TIMEOUT,
     DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_KEEP_ENDED,
     DEFAULT_LINGER,
     DEFAULT_MAX_ARGV_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -59,6 +60,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stdio: Annotated[bool, option(
         "serve one connection on stdin and stdout, then exit (what a carrier starts: ssh "
         "HOST ttyserve serve --stdio); no token, no listener")] = False
+    persist: Annotated[bool, option(
+        "with --stdio: relay to the user's own server on the default socket, starting it in "
+        "the background when none answers, so sessions outlive the carrier")] = False
     token_file: Annotated[str | None, option(
         "file (mode 600) holding the token TCP and TLS clients must send (or the token itself "
         "in TTYSERVE_TOKEN)", "FILE")] = None
@@ -112,6 +116,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     detached_timeout: Annotated[float, option(
         "seconds a detached session waits for an attach before it is hung up (and an ended "
         "one's exit is dropped)", "S", gt=0)] = DEFAULT_DETACHED_TIMEOUT
+    keep_ended: Annotated[float, option(
+        "seconds an ended detachable session stays attachable after its exit went out, for "
+        "a client that lost it (0: forgotten at once)", "S", ge=0)] = DEFAULT_KEEP_ENDED
     record: Annotated[str | None, option(
         "write every PTY session to DIR/ID.cast (asciicast v3)", "DIR")] = None
     record_input: Annotated[bool, option(
@@ -136,6 +143,8 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"invalid setting: {exc}") from None
         finally:
             _checking.reset(checking)
+        if self.persist and not self.stdio:
+            raise ConfigError("persist relays a carrier's stdio: it needs stdio too")
         if self.command is not None and not self.default_argv:
             raise ConfigError(f"command {self.command!r} names no program")
         for origin in self.allow_origin:

@@ -9,6 +9,7 @@ import stat
 
 from ..addresses import Address, default_socket_path
 from ..errors import ListenError
+from ..transport.streams import keep_alive
 from .lease import SocketLease
 
 BACKLOG = 1024
@@ -80,6 +81,7 @@ def bind_tcp(host: str, port: int) -> list[socket.socket]:
             sock.bind(sockaddr)
             sock.listen(BACKLOG)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)  # (every accepted connection inherits it)
     except OSError as exc:
         for sock in sockets:
             sock.close()

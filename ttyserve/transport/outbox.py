@@ -120,6 +120,11 @@ class Outbox:
         if self._done_event is not None:
             self._done_event.set()
 
+    def abort(self) -> None:
+        """The connection is given up (its peer went silent): what is queued is dropped, and
+        no producer waits for it any more."""
+        self._break()
+
     def _break(self) -> None:
         if self.broken:
             return

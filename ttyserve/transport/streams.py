@@ -20,7 +20,12 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from ..defaults import DRAIN_RECEIVE
+from ..defaults import (
+    DRAIN_RECEIVE,
+    TCP_KEEPALIVE_COUNT,
+    TCP_KEEPALIVE_IDLE,
+    TCP_KEEPALIVE_INTERVAL,
+)
 from ..errors import RemoteProtocolError
 from .readiness import ReadableService
 
@@ -73,6 +78,16 @@ def _read_nowait(read: Callable[..., bytes], *args: int) -> bytes | None:
     if not data:
         raise anyio.EndOfStream
     return data
+
+
+def keep_alive(sock: socket.socket) -> None:
+    """TCP keepalive: the kernel probes a silent peer, so a connection a NAT or a sleeping
+    laptop dropped is found dead within minutes, not hours (section 10). Accepted sockets
+    inherit it from their listener."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, TCP_KEEPALIVE_IDLE)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, TCP_KEEPALIVE_INTERVAL)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, TCP_KEEPALIVE_COUNT)
 
 
 class SocketTransport:

@@ -9,11 +9,15 @@
 //   session.send(new TextEncoder().encode("ls\r"));
 //
 // Events: Connection "welcome", "error" (an error on channel 0), "close"; Session "opened"
-// ({pid, argv, session}), "attached" ({session, pid, pty, dropped}), "output" ({stream,
-// data: Uint8Array}), "exit" (the exit message), "detached" (the session goes on without
-// this channel: {reason}), "refused" (the error that refused the open or attach), "error" (a
-// refused control message), "lost" (the connection ended before the exit). With `window`, output credit is granted back by
-// `consumed(n)` once the frontend has rendered n bytes, and stdin waits for the server's credit.
+// ({pid, argv, session}), "attached" ({session, pid, pty, dropped, offsets, prologue}),
+// "output" ({stream, data: Uint8Array}), "exit" (the exit message), "detached" (the session
+// goes on without this channel: {reason}), "refused" (the error that refused the open or
+// attach), "error" (a refused control message), "lost" (the connection ended before the
+// exit). With `window`, output credit is granted back by `consumed(n)` once the frontend has
+// rendered n bytes, and stdin waits for the server's credit. With `heartbeat` (seconds,
+// section 10) the connection pings when idle and counts itself lost after three heartbeats of
+// silence; a session's `offsets` (bytes received per stream) are what `attach` takes to go
+// on exactly where it stopped.
 
 export const SUBPROTOCOL = "ttyserve.v1";
 export const PROTOCOL = 1;
@@ -57,9 +61,13 @@ export function decodeFrames(buffer) {
 
 /** A connection to a ttyserve server over a WebSocket. */
 export class Connection extends EventTarget {
-  constructor(url, { token, window: windowBytes, client = "ttyserve.js", multiplex = false } = {}) {
+  constructor(url, {
+    token, window: windowBytes, client = "ttyserve.js", multiplex = false, heartbeat,
+  } = {}) {
     super();
     this.window = windowBytes ?? null;
+    this.heartbeat = heartbeat ?? null;
+    this._lastSent = this._lastReceived = Date.now();
     this.welcome = null;
     this.closed = false;
     this.sessions = new Map();
@@ -70,7 +78,11 @@ export class Connection extends EventTarget {
     const hello = { type: "hello", protocol: PROTOCOL, client, multiplex };
     if (token) hello.token = token;
     if (this.window !== null) hello.window = this.window;
+    if (this.heartbeat !== null) hello.heartbeat = this.heartbeat;
     this._control(0, hello);
+    if (this.heartbeat !== null) {
+      this._beat = setInterval(() => this._checkHeartbeat(), this.heartbeat * 250);
+    }
     this.socket.addEventListener("open", () => {
       for (const frame of this._waiting) this.socket.send(frame);
       this._waiting = [];
@@ -99,12 +111,18 @@ export class Connection extends EventTarget {
 
   /** Take over a detachable session: "attached", its scrollback as output, then live output,
    * then its exit. Refused ("refused") with no_such_session, or session_in_use unless `steal`. */
-  attach(session, { rows, cols, steal = false } = {}) {
+  attach(session, { rows, cols, steal = false, offsets } = {}) {
     const request = { type: "attach", session };
     if (rows) request.rows = rows;
     if (cols) request.cols = cols;
     if (steal) request.steal = true;
+    if (offsets) request.offsets = { stdout: offsets.stdout, stderr: offsets.stderr };
     return this._begin(request);
+  }
+
+  /** An ended session's exit was read: the server may forget it now (section 10). */
+  release(session) {
+    this._control(0, { type: "release", session });
   }
 
   _begin(request) {
@@ -120,8 +138,21 @@ export class Connection extends EventTarget {
   }
 
   _send(frame) {
+    this._lastSent = Date.now();
     if (this.socket.readyState === WebSocket.CONNECTING) this._waiting.push(frame);
     else if (this.socket.readyState === WebSocket.OPEN) this.socket.send(frame);
+  }
+
+  _checkHeartbeat() {
+    const now = Date.now();
+    const interval = this.heartbeat * 1000;
+    if (now - this._lastReceived >= 3 * interval) {
+      // A silent link: the browser may take minutes to call it closed, so it is lost now.
+      this._closed({ code: 4000, reason: "no heartbeat", wasClean: false });
+      this.socket.close(4000, "no heartbeat");
+    } else if (now - this._lastSent >= interval) {
+      this._control(0, { type: "ping" });
+    }
   }
 
   _control(channel, message) {
@@ -129,6 +160,8 @@ export class Connection extends EventTarget {
   }
 
   _receive(data) {
+    if (this.closed) return;
+    this._lastReceived = Date.now();
     let frames;
     try {
       if (!(data instanceof ArrayBuffer)) throw new Error("a text message");
@@ -165,7 +198,9 @@ export class Connection extends EventTarget {
   }
 
   _connectionMessage(message) {
-    if (message.type === "welcome") {
+    if (message.type === "ping") {
+      this._control(0, { type: "pong" });
+    } else if (message.type === "welcome") {
       this.welcome = message;
       for (const session of this.sessions.values()) session._welcome(message);
       this.dispatchEvent(new CustomEvent("welcome", { detail: message }));
@@ -177,7 +212,9 @@ export class Connection extends EventTarget {
   }
 
   _closed(event) {
+    if (this.closed) return;
     this.closed = true;
+    clearInterval(this._beat);
     for (const session of this.sessions.values()) session._lost();
     this.sessions.clear();
     this.dispatchEvent(new CustomEvent("close", {
@@ -198,6 +235,7 @@ export class Session extends EventTarget {
     this.ended = false;
     this.bytesReceived = 0; // output received, and output the frontend said it took:
     this.bytesConsumed = 0; // with a window, the difference never exceeds it
+    this.offsets = { stdout: 0, stderr: 0 }; // per stream, since the session started
     this._opened = false;
     this._consumed = 0;
     // STDIN credit: unknown (0) until `welcome` on a windowed connection, else no limit.
@@ -272,6 +310,7 @@ export class Session extends EventTarget {
   _output(kind, data) {
     this.bytesReceived += data.length;
     const stream = kind === Kind.STDERR ? "stderr" : "stdout";
+    this.offsets[stream] += data.length;
     this.dispatchEvent(new CustomEvent("output", { detail: { stream, data } }));
   }
 
@@ -281,6 +320,10 @@ export class Session extends EventTarget {
       this.pid = message.pid;
       this.argv = message.argv ?? this.argv;
       this.id = message.session ?? null;
+      if (message.type === "attached") {
+        this.offsets = { stdout: message.offsets?.stdout ?? 0,
+                         stderr: message.offsets?.stderr ?? 0 };
+      }
       this.dispatchEvent(new CustomEvent(message.type, { detail: message }));
     } else if (message.type === "detached") {
       this._end();
@@ -290,6 +333,7 @@ export class Session extends EventTarget {
       this._flush();
     } else if (message.type === "exit") {
       this._end();
+      if (this.id) this.connection.release(this.id); // read: the server may forget it
       this.dispatchEvent(new CustomEvent("exit", { detail: message }));
     } else if (message.type === "error") {
       if (this._opened) {
