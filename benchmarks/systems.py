@@ -636,15 +636,6 @@ class TtyserveResumeSystem(TtyserveLibSystem):
         result: tuple[float, float, int, int] = anyio.run(main, backend="asyncio")
         return result
 
-    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
-        raise NotApplicable
-
-    def startup(self, transport: str) -> float:
-        raise NotApplicable
-
-    def reattach(self, ring: int) -> tuple[float, int]:
-        raise NotApplicable
-
 
 class TtyserveWsSystem(TtyserveLibSystem):
     """The library over the server's `ws:` listener: the browser's carriage."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -45,6 +45,7 @@ class FaultProxy:
     hold_upgrades: anyio.Event | None = None  # WebSocket upgrades wait for it to be set
     faults: list[str] = field(default_factory=list)  # what was done, in order
     fault_times: list[float] = field(default_factory=list)  # when (anyio's clock)
+    refuse: Callable[[], None] = field(default=lambda: None)  # stop listening: refused
     _pairs: list[_Pair] = field(default_factory=list)
     _fault_done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -190,8 +191,19 @@ async def fault_proxy(target: str) -> AsyncIterator[FaultProxy]:
     proxy = FaultProxy((host, int(port)))
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     proxy.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, proxy._serve)
+    async with anyio.create_task_group() as tg:
+        accepting = anyio.CancelScope()
+
+        async def serve() -> None:
+            try:
+                with accepting:
+                    await listener.serve(proxy._serve, task_group=tg)
+            finally:  # refused from now on: a redial fails at once
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
+
+        proxy.refuse = accepting.cancel
+        tg.start_soon(serve)
         try:
             yield proxy
         finally:

@@ -52,10 +52,15 @@ async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
                       if expected_errors is None or not re.search(expected_errors, e)]
             assert errors == [], browser.console_errors
     finally:
-        groups = children_of(server.pid)
-        server.stop(signal.SIGKILL) if server.proc.poll() is None else None
-        for group in groups:
-            kill_group(group)
+        end_server(server)
+
+
+def end_server(server: ServerProcess) -> None:
+    """The server and every session it started, killed (a page test may leave a shell)."""
+    groups = children_of(server.pid)
+    server.stop(signal.SIGKILL) if server.proc.poll() is None else None
+    for group in groups:
+        kill_group(group)
 
 
 async def run_line(browser: Browser, line: str) -> None:
@@ -227,10 +232,7 @@ async def page_through_proxy(short_dir: Path,
                           if not re.search(r"WebSocket connection to .* failed", e)]
                 assert errors == [], browser.console_errors
         finally:
-            groups = children_of(server.pid)
-            server.stop(signal.SIGKILL) if server.proc.poll() is None else None
-            for group in groups:
-                kill_group(group)
+            end_server(server)
 
 
 async def test_a_cut_websocket_resumes_with_every_number_on_screen_once(

@@ -17,10 +17,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import Sshd
 from helpers import children_of, ttyserve_command
+
+if TYPE_CHECKING:  # not imported when run: `conftest` names a different module per directory
+    from conftest import Sshd
 
 pytestmark = pytest.mark.timeout(90)
 LINES = 300

@@ -159,3 +159,55 @@ async def test_a_local_sigint_still_reaches_the_remote_process(
                 seen += data
             code = await process.wait()
     assert seen == b"ready\ngot-int\n" and code == 3
+
+
+async def test_a_session_gone_when_it_comes_back_is_lost_with_255(
+        short_dir: Path, token_file: Path) -> None:
+    """With --keep-ended 0 the server forgets a session once it sent its exit; the proxy
+    drops that exit and cuts: the attach that comes back is refused, and exec says so."""
+    server = start_server(short_dir, "--token-file", str(token_file), "--keep-ended", "0",
+                          listen=["tcp:127.0.0.1:0"])
+    try:
+        async with fault_proxy(server.addresses[0]) as proxy:
+            proxy.cut_before = "exit"
+            code, out, err = await run_exec(proxy, token_file, "--resume", "30", "-T", "--",
+                                            "sh", "-c", "echo done-here; exit 4")
+    finally:
+        server.stop()
+    assert code == 255 and out == b"done-here\n", err
+    assert re.search(r"lost: could not resume: the server answered no_such_session", err), err
+
+
+async def test_a_second_sigint_ends_exec_during_an_outage(
+        server: ServerProcess, token_file: Path) -> None:
+    """Signals do not wait for the resume: the second SIGINT cancels at once (130), as
+    without --resume, though the server cannot be reached to hear it."""
+    async with fault_proxy(server.addresses[0]) as proxy:
+        proxy.cut_after = b"marker-line"
+        process = await anyio.open_process(ttyserve_command(
+            "exec", "--connect", proxy.address, "--token-file", str(token_file), "--resume",
+            "60", "-T", "--", "sh", "-c", "echo marker-line; sleep 60"),
+            stdin=subprocess.DEVNULL)
+        async with process:
+            assert process.stderr is not None
+            said = b""
+            with anyio.fail_after(20):
+                await proxy.wait_fault()
+                proxy.refuse()  # no way back: every redial is refused, and backs off
+                while b"resuming" not in said:
+                    said += await process.stderr.receive()
+                started = anyio.current_time()
+                process.send_signal(signal.SIGINT)
+                while signal_pending(process.pid, signal.SIGINT):  # (two at once are one)
+                    await anyio.sleep(0.01)
+                process.send_signal(signal.SIGINT)
+                code = await process.wait()
+            assert code == 130 and anyio.current_time() - started < 5
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` waits to be delivered to ``pid`` (the kernel keeps one of each)."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    mask = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return bool(mask & (1 << (signum - 1)))

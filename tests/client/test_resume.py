@@ -99,3 +99,6 @@ async def test_a_session_that_cannot_come_back_in_time_ends_with_connection_lost
             await session.wait()
         assert 1 <= anyio.current_time() - started < 5
     assert [type(e) for e in events] == [Lost]
+    # Each redial that failed was followed by a backoff (0.1 s doubling, with jitter): a few
+    # tries in the second, not one per round trip.
+    assert 3 <= proxy.connections <= 10, proxy.connections

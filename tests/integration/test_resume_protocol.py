@@ -27,7 +27,7 @@ from helpers import (
 from ttyserve.addresses import parse_address
 from ttyserve.client import client_tls_context, connect
 from ttyserve.client.dial import open_transport
-from ttyserve.protocol.frames import FrameKind
+from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Attach, Hello, Offsets, Open, Ping, Release
 from ttyserve.transport.streams import PipeTransport
 
@@ -320,3 +320,27 @@ async def test_a_silent_peer_is_closed_after_three_heartbeats(
         again = await conn.attach(str(kept["session"]))
         await again.cancel()
 
+
+
+async def test_a_client_whose_input_we_do_not_read_is_not_taken_for_dead(
+        server: ServerProcess, ca: trustme.CA, short_dir: Path) -> None:
+    """The server stops reading a connection without windows while its process does not take
+    its input: the client's bytes then wait unread in the socket, and they count as heard.
+    For longer than 3 x S the connection lives on (the server's pings keep coming)."""
+    async with peer(server, ca, short_dir, heartbeat=1) as raw:
+        await raw.next_control()
+        await raw.send(ctrl(1, Open(argv=["sleep", "60"], pty=False)))
+        pid = int((await raw.next_control())["pid"])  # type: ignore[call-overload]
+        stuffing = encode_frame(FrameKind.STDIN, 1, b"x" * 65536)
+        sent = 0
+        with anyio.move_on_after(2):  # until the server stops reading and the socket fills
+            while sent < (8 << 20):
+                await raw.send(stuffing)  # (whole frames: a cut one is never resumed)
+                sent += len(stuffing)
+        assert sent > (1 << 20)  # past the 1 MiB the server queues for the process
+        pings = 0
+        with anyio.move_on_after(5):  # watching for a close that must not come
+            while (frame := await raw.next_frame()) is not None:
+                pings += frame.kind is FrameKind.CTRL_OUT
+        assert frame is not None and pings >= 3, pings  # no close: the server kept pinging
+        assert os.path.exists(f"/proc/{pid}")

@@ -218,3 +218,17 @@ async def test_the_start_record_is_on_disk_when_open_returns_and_shares_fsyncs(
         journal.close()
     ends = [r for r in read_file(str(path)).records if not isinstance(r, SessionStart)]
     assert sorted(e.id for e in ends) == sorted(s.id for s in sessions)
+
+
+def test_an_ended_session_attached_again_is_kept_from_its_new_delivery() -> None:
+    """Its exit went out at 100; a client came back at 140 and lost that link too, before the
+    exit went out again: it is not forgotten at 100 + --keep-ended, it waits for its exit
+    to be collected as any ended session does."""
+    reg = registry(detached_timeout=600, keep_ended=60)
+    ended = registered(reg, "ended")
+    ended.final = Exit(code=0)
+    ended.delivered_at = ended.detached_at = 100.0
+    Wire().opened(ended)  # attached again (the replay under way: no exit yet)
+    ended.detach()
+    ended.detached_at = 150.0  # (that link lost at 150)
+    assert reg.sweep(now=165.0) == 750.0 and "ended" in reg.sessions

@@ -88,3 +88,12 @@ def test_the_epilogue_puts_a_terminal_back_as_it_was() -> None:
     screen_modes, hidden, _ = emulated(modes.prologue() + modes.epilogue())
     assert (screen_modes, hidden) == emulated("")[:2]
     assert modes.epilogue().endswith("\x1b[?1049l") and fed(b"plain").epilogue() == ""
+
+
+def test_a_title_cut_right_after_its_closing_escape_is_kept() -> None:
+    assert fed(b"\x1b]2;split title\x1b", b"\\text").title == b"split title"
+
+
+def test_mouse_tracking_is_one_setting_as_in_xterm() -> None:
+    assert fed(b"\x1b[?1000h\x1b[?1003h").prologue() == "\x1b[?1003h"
+    assert fed(b"\x1b[?1000h\x1b[?1003h\x1b[?1003l").prologue() == ""

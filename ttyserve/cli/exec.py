@@ -23,7 +23,7 @@ from ..client.api import connect
 from ..client.retry import RETRIED
 from ..client.session import Lost, ResumeEvent, Session
 from ..credentials import tls_context
-from ..defaults import STDIN_READ
+from ..defaults import GOODBYE_WAIT, STDIN_READ
 from ..errors import (
     ConfigError,
     ConnectionLost,
@@ -50,7 +50,6 @@ from .exec_report import (
 from .terminal import DetachKey
 
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
-CANCEL_WAIT = 2.0  # seconds a second Ctrl-C waits to tell the server before it ends here
 
 
 class DetachedHere(Exception):
@@ -193,30 +192,42 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                   detach_on_hangup: bool = False) -> int:
     abort: ExecFailure | None = None
     modes = TerminalModes() if raw else None  # what the session set our terminal to
-    if raw and session.prologue:  # a PTY attached afresh: its terminal modes first
-        out.data("stdout", session.prologue.encode())
-        assert modes is not None
-        modes.feed(session.prologue.encode())
+    prologue: str | None = None
 
-    async def forward_signals(scope: anyio.CancelScope) -> None:
+    def restore_modes() -> None:
+        """A PTY attached afresh, or resumed with output lost: the modes it had set first
+        (the server then has the program redraw)."""
+        nonlocal prologue
+        if modes is not None and session.prologue is not prologue:
+            prologue = session.prologue
+            if prologue:
+                out.data("stdout", prologue.encode())
+                modes.feed(prologue.encode())
+
+    restore_modes()
+
+    async def forward_signals(tg: anyio.abc.TaskGroup) -> None:
+        """Each signal is told in a task of its own: one that waits (for a resume, say)
+        never keeps the next from being seen, a second SIGINT above all."""
         nonlocal abort
         interrupted = False
         async for signum in signals:
             if signum == signal.SIGWINCH:
                 if pty:
-                    await session.resize(*terminal.window_size(0 if raw else 1))
+                    tg.start_soon(_quietly, session.resize(
+                        *terminal.window_size(0 if raw else 1)))
             elif signum == signal.SIGINT and interrupted:
                 abort = second_interrupt()
-                scope.cancel()
+                tg.cancel_scope.cancel()
             elif signum == signal.SIGHUP and detach_on_hangup:
-                await session.detach()  # our terminal went away: the session is to outlive it
+                tg.start_soon(_quietly, session.detach())  # our terminal went away
             else:
                 interrupted = interrupted or signum == signal.SIGINT
-                await session.signal(FORWARDED[signal.Signals(signum)])
+                tg.start_soon(_quietly, session.signal(FORWARDED[signal.Signals(signum)]))
 
     lost: ConnectionLost | RemoteProtocolError | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_quietly, forward_signals(tg.cancel_scope))
+        tg.start_soon(_quietly, forward_signals(tg))
         tg.start_soon(_quietly, _pump_stdin(session, pty, detach))
         detached: SessionDetached | None = None
         try:
@@ -228,6 +239,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                     break
                 if modes is not None:
                     modes.feed(chunk.data)
+                    restore_modes()
         except (ConnectionLost, RemoteProtocolError) as exc:
             lost = exc
         except SessionDetached as exc:
@@ -244,7 +256,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
     if lost is not None:
         raise lost
     if abort is not None:
-        with anyio.move_on_after(CANCEL_WAIT):  # (a resume under way may never come back)
+        with anyio.move_on_after(GOODBYE_WAIT):  # (a resume under way may never come back)
             await session.cancel()
         raise abort
     assert session.status is not None

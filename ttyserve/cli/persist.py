@@ -101,11 +101,11 @@ def _relay(sock: socket.socket) -> None:
     down = b""  # read from the server, not yet written to stdout
     up_open = down_open = True
     with selectors.DefaultSelector() as selector:
-        while (up_open or up) and (down_open or down):
+        while down_open or down:  # (what the server still sends after our stdin's end goes)
             wanted: list[tuple[int, int]] = []
             if up:
                 wanted.append((sock.fileno(), selectors.EVENT_WRITE))
-            elif up_open:
+            elif up_open and down_open:
                 wanted.append((stdin, selectors.EVENT_READ))
             if down:
                 wanted.append((stdout, selectors.EVENT_WRITE))

@@ -11,6 +11,7 @@ and `run` (one command to completion, in the spirit of `subprocess.run`).
 from __future__ import annotations
 
 import contextlib
+import math
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ async def connect(
 
             show_stderr = show_on_stderr(str(addr))
 
-    async def dial(stack: contextlib.AsyncExitStack) -> tuple[Transport, Carrier | None]:
+    async def dial(stack: contextlib.AsyncExitStack,
+                   within: float = math.inf) -> tuple[Transport, Carrier | None]:
         if addr.carried:
             from .carrier import run_carrier
 
@@ -114,7 +116,8 @@ async def connect(
             carrier = await stack.enter_async_context(
                 run_carrier(addr, show_stderr, remote_command, persist))
             return carrier.transport, carrier
-        transport = await open_transport(addr, context)
+        with anyio.fail_after(within):  # (TimeoutError is an OSError: a retriable failure)
+            transport = await open_transport(addr, context)
         stack.push_async_callback(transport.aclose)
         return transport, None
 

@@ -68,8 +68,11 @@ if TYPE_CHECKING:
 
 FIRST_BYTES_SHOWN = 60
 _CHANNEL_ENDS = (ExitReceived, DetachedReceived, OpenRefused)  # a channel's last event
-# Dial a new link, its resources (a carrier) entered into the stack: what `connect` did.
-Dial = Callable[[contextlib.AsyncExitStack], Awaitable[tuple[Transport, "Carrier | None"]]]
+# Dial a new link, its resources (a carrier) entered into the stack, within a time (where it
+# can be bounded: a carrier's ssh has its own): what `connect` did.
+Dial = Callable[[contextlib.AsyncExitStack, float],
+                Awaitable[tuple[Transport, "Carrier | None"]]]
+WELCOME_WAIT = 60.0  # seconds a link may take to its `welcome` (an ssh asking a password)
 
 
 @dataclass(eq=False)
@@ -85,6 +88,7 @@ class _Link:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the reader's
     delivering: bool = False  # the reader waits for a session to take output, not for bytes
     ended: anyio.Event = field(default_factory=anyio.Event)  # its reader is done with it
+    started: float = field(default_factory=time.monotonic)
     first_bytes: bytes = b""  # what the server sent first: shown if it is not the protocol
 
 
@@ -108,6 +112,7 @@ class Connection:
         self._listings: list[tuple[list[Sessions | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
         self._resuming: list[Session] | None = None  # while a lost link is replaced
+        self._attempt = 0  # links dialled since a session last came back (the backoff)
         self._relinked = anyio.Event()  # set when the resume is over, either way
         self._failure: Exception | None = None
         self._failed = anyio.Event()  # set with _failure
@@ -348,7 +353,9 @@ class Connection:
 
     def _resumable(self, failure: Exception) -> bool:
         """Whether the link was lost in a way a new one may mend, with a session to mend."""
-        if self._redial is None or isinstance(failure, RemoteProtocolError):
+        if (self._redial is None or self._failure is not None
+                or isinstance(failure, RemoteProtocolError)
+                or (isinstance(failure, RequestError) and not failure.retriable)):
             return False
         if isinstance(failure, RequestError | ConnectionLost) or retriable(failure)[0]:
             return any(s.resume is not None and s.id is not None and s.answered
@@ -378,8 +385,11 @@ class Connection:
             if session.lost_at is None:
                 session.lost_at = now
                 self._tell(Lost(session, str(failure)))
-        attempt = 0
         while True:
+            if self._attempt:  # the last link failed too: back off (the server's hint first)
+                await anyio.sleep(min(backoff(self._attempt - 1, retriable(failure)[1]),
+                                      self._time_left(resuming)))
+            self._attempt += 1
             now = time.monotonic()
             for session in list(resuming):
                 assert session.lost_at is not None and session.resume is not None
@@ -391,17 +401,20 @@ class Connection:
                 return failure
             async with contextlib.AsyncExitStack() as stack:
                 try:
-                    transport, carrier = await self._redial(stack)
+                    transport, carrier = await self._redial(stack, self._time_left(resuming))
                 except RETRIED as exc:
                     failure = exc
                 else:
                     link = self._new_link(transport, carrier)
                     self._adopt(link, resuming)
                     return await self._read(link)  # (then `_run` decides again)
-            left = min(s.resume - (time.monotonic() - s.lost_at)  # type: ignore[operator]
-                       for s in resuming)
-            await anyio.sleep(max(0.0, min(backoff(attempt), left)))
-            attempt += 1
+
+    @staticmethod
+    def _time_left(resuming: list[Session]) -> float:
+        """Seconds until the last of ``resuming`` gives up (at least a moment)."""
+        now = time.monotonic()
+        return max(0.01, max(s.resume - (now - s.lost_at)  # type: ignore[operator]
+                             for s in resuming))
 
     def _adopt(self, link: _Link, resuming: list[Session]) -> None:
         """The new link: `hello`, then an `attach` with offsets (and steal: the server may
@@ -520,6 +533,7 @@ class Connection:
                 + max(0, begins.stderr - session.offsets.stderr))
         after = time.monotonic() - session.lost_at
         session.lost_at = None
+        self._attempt = 0
         session.lost_bytes += lost
         self._tell(Resumed(session, after, lost))
         session.wake_sender()  # what it sends goes on the new link
@@ -552,14 +566,16 @@ class Connection:
                                                                      time.monotonic())
             now = time.monotonic()
             beat = heartbeat.check(now)
-            if beat is Beat.DEAD and link.delivering:
-                heartbeat.last_received = now  # we hold the reader back, not the server
+            if beat is Beat.DEAD and (link.delivering or (
+                    link.core.welcome is None and now - link.started < WELCOME_WAIT)):
+                # We hold the reader back, not the server; or the far side is still being
+                # reached (an ssh may ask for a password): bounded by WELCOME_WAIT instead.
+                heartbeat.last_received = now
             elif beat is Beat.DEAD:
                 link.failure = link.failure or ConnectionLost(
                     f"nothing came for {heartbeat.silence_limit:g} s (heartbeat)")
                 link.scope.cancel()
-                while self._link is link and self._failure is None:
-                    await anyio.sleep(heartbeat.interval / 4)  # until the reader moved on
+                await link.ended.wait()  # the reader moved on (to the next link, or the end)
                 continue
             elif beat is Beat.PING:
                 self._push(link, link.core.ping())

@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 import anyio
 
+from ..defaults import GOODBYE_WAIT
 from ..errors import (
     ConnectionLost,
     LocalProtocolError,
@@ -48,7 +49,6 @@ from ..protocol.messages import (
 )
 
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
-
 
 @dataclass(frozen=True, slots=True)
 class OutputChunk:
@@ -291,8 +291,9 @@ class Session:
         """Leaving the block ends a session still running: a detachable one is detached
         (it goes on), any other is cancelled."""
         if self.status is None and self.detached is None:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await (self.detach() if self.id is not None else self.cancel())
+            with anyio.CancelScope(shield=True) as scope, contextlib.suppress(Exception):
+                scope.deadline = anyio.current_time() + GOODBYE_WAIT  # (a resume under way
+                await (self.detach() if self.id is not None else self.cancel())  # may wait)
 
     # --- the seam: every event of the channel, from the connection's reader ----------
 
@@ -328,7 +329,9 @@ class Session:
             self._answered.set()
         elif isinstance(event, OpenRefused):
             if self._answered.is_set():  # a resume's attach: the session is gone
-                await self.feed(ConnectionEnded(request_error(event.error)))
+                error = event.error
+                await self.feed(ConnectionEnded(ConnectionLost(
+                    f"could not resume: the server answered {error.code}: {error.message}")))
                 return
             self._refusal = request_error(event.error)
             self._answered.set()

@@ -28,10 +28,12 @@ DEC_MODES: dict[int, bool] = {
     1: False,  # application cursor keys
     25: True,  # cursor visible
     2004: False,  # bracketed paste
-    9: False, 1000: False, 1001: False, 1002: False, 1003: False,  # mouse reporting
+    9: False, 1000: False, 1001: False, 1002: False, 1003: False,  # mouse reporting (one
+    # setting, as xterm keeps it: setting one clears the others, resetting any clears all)
     1004: False,  # focus events
     1005: False, 1006: False, 1015: False,  # mouse encodings
 }
+MOUSE_TRACKING = (9, 1000, 1001, 1002, 1003)
 TITLE_LIMIT = 1024  # a longer title is not kept
 CARRY_LIMIT = TITLE_LIMIT + 8  # the most of a split sequence carried to the next read
 
@@ -86,12 +88,18 @@ class TerminalModes:
             else:
                 self._reset()  # ESC c: a full reset
         start = data.rfind(b"\x1b", end)
+        title = data.rfind(b"\x1b]", end)  # a title cut after its closing ESC: from its start
+        if 0 <= title < start and _PREFIX.fullmatch(data, title):
+            start = title
         if start >= 0 and len(data) - start <= CARRY_LIMIT and _PREFIX.fullmatch(data, start):
             self._carry = bytes(data[start:])
 
     def _dec(self, params: bytes, on: bool) -> None:
         for param in params.split(b";"):
             if param.isdigit() and (mode := int(param)) in self.modes:
+                if mode in MOUSE_TRACKING:
+                    for other in MOUSE_TRACKING:
+                        self.modes[other] = False
                 self.modes[mode] = on
 
     def epilogue(self) -> str:

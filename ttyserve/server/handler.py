@@ -91,6 +91,7 @@ class ConnectionHandler:
         self._heartbeat: Heartbeat | None = None  # section 10, when `hello` asked for it
         self._beat_scope: anyio.CancelScope | None = None
         self._over = False
+        self._paused = False  # the reader waits for something of ours, not for the client
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self._draining = False
         self._later: Later | None = None  # what the readiness callback left the reader task
@@ -247,6 +248,7 @@ class ConnectionHandler:
             if data is not None:
                 self._heard()
                 core.receive_data(data)
+            self._paused = True
             try:
                 if (later := self._later) is not None:
                     self._later = None
@@ -260,6 +262,7 @@ class ConnectionHandler:
                 self._deadline = math.inf
             self.flush()
             await self.outbox.wait_for_room()
+            self._paused = False
 
     async def _receive(self) -> bytes | None:
         """The client's next bytes; None when the readiness callback read them and left this
@@ -375,13 +378,19 @@ class ConnectionHandler:
     # --- the heartbeat (section 10) ------------------------------------------------
 
     def _input_waiting(self) -> bool:
-        """Whether the client's bytes wait unread because we stopped reading (a full send
-        queue holds the reader back): a slow reader is not a dead one."""
+        """Whether the client's bytes wait unread because we stopped reading them (a full
+        send queue, or a process that does not take its input, holds the reader back): a
+        client we do not read is not a dead one."""
         fileno = getattr(self.transport, "fileno", None)
-        if fileno is None or self.outbox.has_room:
+        if fileno is None or not (self._paused or not self.outbox.has_room):
             return False
         try:
-            return bool(select.select([fileno()], [], [], 0)[0])
+            fd = fileno()
+            if fd < 0:
+                return False
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))
         except (OSError, ValueError):
             return False
 

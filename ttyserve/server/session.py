@@ -145,6 +145,7 @@ class ServerSession:
         """Write to ``sink`` from now on (the registry has let go of any other first)."""
         self.sink = sink
         self.detached_at = None
+        self.delivered_at = None  # an ended one: kept again once its exit goes out again
         self.sink_ready()
 
     def detach(self) -> None:

@@ -160,6 +160,8 @@ class Outbox:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     self._break()
                     return
+                if self.broken:
+                    return  # aborted while it sent: the queue is gone
                 full = self._queued > self.limit
                 self._queued -= sent
                 while sent:

@@ -85,9 +85,12 @@ def keep_alive(sock: socket.socket) -> None:
     laptop dropped is found dead within minutes, not hours (section 10). Accepted sockets
     inherit it from their listener."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, TCP_KEEPALIVE_IDLE)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, TCP_KEEPALIVE_INTERVAL)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, TCP_KEEPALIVE_COUNT)
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    for option, value in ((idle, TCP_KEEPALIVE_IDLE),
+                          (getattr(socket, "TCP_KEEPINTVL", None), TCP_KEEPALIVE_INTERVAL),
+                          (getattr(socket, "TCP_KEEPCNT", None), TCP_KEEPALIVE_COUNT)):
+        if option is not None:  # (macOS names the first TCP_KEEPALIVE; others may lack some)
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class SocketTransport:
@@ -277,6 +280,12 @@ class StreamTransport:
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
+
+    def fileno(self) -> int:
+        """The socket under the stream (whose unread bytes show a peer is alive); -1 when
+        there is none."""
+        raw = self.stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        return raw.fileno() if raw is not None else -1
 
     async def receive(self, max_bytes: int) -> bytes:
         return await self.stream.receive(max_bytes)

@@ -60,6 +60,15 @@ class WebSocketTransport:
         if received:
             ws.receive_data(received)
 
+    def fileno(self) -> int:
+        """The socket under the WebSocket (whose unread bytes show a peer is alive); -1
+        when there is none."""
+        inner = getattr(self._stream, "transport", None)  # a SocketByteStream: plain ws:
+        if inner is not None:
+            return int(inner.fileno())
+        raw = self._stream.extra(anyio.abc.SocketAttribute.raw_socket, None)  # wss:
+        return raw.fileno() if raw is not None else -1
+
     async def receive(self, max_bytes: int) -> bytes:
         """Frame bytes from the next binary messages.
 
