@@ -193,6 +193,14 @@ def ttyserve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "ttyserve", *args]
 
 
+def token_file(directory: Path, token: str) -> Path:
+    """A token file as `serve` and `exec` take one: its owner's alone."""
+    path = directory / "token"
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
 def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
                  expect_lines: int | None = None, env: dict[str, str] | None = None,
                  expect_browse: int = 0,

@@ -16,6 +16,7 @@ import anyio
 import pytest
 from faults import FaultProxy, fault_proxy
 from helpers import ServerProcess, start_server, ttyserve_command
+from helpers import token_file as write_token
 
 from ttyserve.client import connect
 
@@ -27,10 +28,7 @@ SEQ_BYTES = sum(len(str(n)) + 1 for n in range(1, LINES + 1))
 
 @pytest.fixture
 def token_file(short_dir: Path) -> Path:
-    path = short_dir / "token"
-    path.write_text(TOKEN)
-    path.chmod(0o600)
-    return path
+    return write_token(short_dir, TOKEN)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 from faults import fault_proxy
-from helpers import ServerProcess, start_server
+from helpers import ServerProcess, start_server, token_file
 
 from ttyserve.client import connect
 from ttyserve.client.session import Lost, Resumed, ResumeEvent
@@ -27,10 +27,7 @@ SEQ_BYTES = sum(len(str(n)) + 1 for n in range(1, LINES + 1))
 def server(short_dir: Path) -> Iterator[ServerProcess]:
     """TCP with a token, and a ring that holds the whole stream: while the client is away,
     the process goes on (it never waits for a detached client), and nothing may be lost."""
-    token = short_dir / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
-    process = start_server(short_dir, "--token-file", str(token),
+    process = start_server(short_dir, "--token-file", str(token_file(short_dir, TOKEN)),
                            "--scrollback", str(64 << 20), listen=["tcp:127.0.0.1:0"])
     try:
         yield process

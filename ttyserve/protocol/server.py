@@ -53,8 +53,8 @@ from .messages import (
 )
 
 Buffer = bytes | bytearray | memoryview
-_CHANNEL_0 = frozenset({"list", "release", "ping", "pong"})  # what goes on channel 0 only
-_CHANNEL_0_TYPES = (List, Release, Ping, Pong)
+_CHANNEL_0_TYPES = (List, Release, Ping, Pong)  # what goes on channel 0 only
+_CHANNEL_0 = frozenset(cls.__struct_config__.tag for cls in _CHANNEL_0_TYPES)
 
 
 class Stage(enum.Enum):

@@ -246,7 +246,8 @@ class ConnectionHandler:
                 core.close(exc)
                 return
             if data is not None:
-                self._heard()
+                if self._heartbeat is not None:
+                    self._heartbeat.last_received = time.monotonic()
                 core.receive_data(data)
             self._paused = True
             try:
@@ -295,7 +296,8 @@ class ConnectionHandler:
         data = socket.receive_nowait(SERVER_RECEIVE)
         if data is None:
             return True
-        self._heard()
+        if self._heartbeat is not None:
+            self._heartbeat.last_received = time.monotonic()
         core.receive_data(data)
         try:
             while (event := core.next_event()) is not None:
@@ -381,11 +383,10 @@ class ConnectionHandler:
         """Whether the client's bytes wait unread because we stopped reading them (a full
         send queue, or a process that does not take its input, holds the reader back): a
         client we do not read is not a dead one."""
-        fileno = getattr(self.transport, "fileno", None)
-        if fileno is None or not (self._paused or not self.outbox.has_room):
+        if not (self._paused or not self.outbox.has_room):
             return False
         try:
-            fd = fileno()
+            fd = self.transport.fileno()
             if fd < 0:
                 return False
             poller = select.poll()
@@ -393,10 +394,6 @@ class ConnectionHandler:
             return bool(poller.poll(0))
         except (OSError, ValueError):
             return False
-
-    def _heard(self) -> None:
-        if (heartbeat := self._heartbeat) is not None:
-            heartbeat.last_received = time.monotonic()
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """Ping when nothing was sent for an interval; give the client up when nothing came

@@ -70,7 +70,7 @@ class Outbox:
             try:
                 sent = self.transport.try_send(buffers)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._break()
+                self.abort()
                 raise anyio.BrokenResourceError("the connection is broken") from None
             rest = _skip(buffers, sent)
             if not rest:
@@ -121,11 +121,8 @@ class Outbox:
             self._done_event.set()
 
     def abort(self) -> None:
-        """The connection is given up (its peer went silent): what is queued is dropped, and
-        no producer waits for it any more."""
-        self._break()
-
-    def _break(self) -> None:
+        """The connection is broken, or given up (its peer went silent): what is queued is
+        dropped, and no producer waits for it any more."""
         if self.broken:
             return
         self.broken = True
@@ -158,7 +155,7 @@ class Outbox:
                 try:
                     sent = await self.transport.send_some(self._batch())
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    self._break()
+                    self.abort()
                     return
                 if self.broken:
                     return  # aborted while it sent: the queue is gone

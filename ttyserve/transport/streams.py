@@ -59,6 +59,11 @@ class Transport(Protocol):
         """Release the connection; never cancelled half-way."""
         ...
 
+    def fileno(self) -> int:
+        """The descriptor the peer's bytes arrive on (under TLS and WebSocket too), -1 when
+        there is none: a poll of it tells a peer we stopped reading from a silent one."""
+        ...
+
 
 def _broken(exc: OSError) -> anyio.BrokenResourceError:
     error = anyio.BrokenResourceError(str(exc))
