@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     missing: dict[str, int] = {}
     for report in terminalreporter.stats.get("skipped", []):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
-        if "is not installed" in reason:
+        if "is not installed" in reason:  # a system package, or a writable cgroup v2
             reason = reason.removeprefix("Skipped: ")
             missing[reason] = missing.get(reason, 0) + 1
     if not missing:

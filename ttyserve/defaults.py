@@ -41,6 +41,8 @@ STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without 
 OUTBOX_LIMIT = 1 << 20  # bytes queued for a connection before its producers wait
 KILL_GRACE = 1.0  # seconds between a session's hang-up (SIGHUP) and SIGKILL when it is ended
 BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`
+UPGRADE_RETRY_MS = 250  # the hint sent with `server_restarting`: the new code starts by then
+DEFAULT_UPGRADE_DRAIN = 0.0  # seconds undetachable sessions may end by themselves at an upgrade
 GOODBYE_WAIT = 2.0  # seconds a client waits to tell the server it leaves a session (a cancel,
 # a detach): a resume under way may never come back
 CLOSE_TIMEOUT = 2.0  # seconds a server sends its EOF and drains the client's bytes at the end

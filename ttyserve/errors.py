@@ -45,9 +45,10 @@ class ErrorCode(enum.StrEnum):
     CHANNEL_IN_USE = "channel_in_use"
     SESSION_IN_USE = "session_in_use"  # section 9: attached elsewhere (steal to take it)
     NO_SUCH_SESSION = "no_such_session"  # unknown, expired, or another principal's
+    SERVER_RESTARTING = "server_restarting"  # section 12: upgrading in place; resume soon
 
 
-RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
+RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SERVER_RESTARTING})
 
 
 class CarrierFailure(enum.StrEnum):

@@ -134,7 +134,9 @@ def test_second_server_on_the_same_journal_exits_4(short_dir: Path) -> None:
 
 def test_records_of_a_normal_life(short_dir: Path) -> None:
     journal = short_dir / "journal.jsonl"
-    server = start_server(short_dir, "--journal", str(journal), "--command", SH)
+    # Without containment: its members (`cgroup`, `leftovers`) are tests/containment's.
+    server = start_server(short_dir, "--journal", str(journal), "--command", SH,
+                          "--cgroup", "off")
     address = server.addresses[0]
     try:
         for argv in (["sh", "-c", "cat; exit 3"], ["no-such-command"]):

@@ -115,6 +115,19 @@ class FakeProcess:
         self.hung_up += 1
         return self.status is None
 
+    cgroup_path: str | None = None  # no cgroup: nothing is contained
+    leftovers: int | None = None
+    oom = False
+
+    def settle_nowait(self, kill: bool) -> bool:
+        return True
+
+    def handover(self, dry: bool = False) -> None:
+        raise NotImplementedError("a test double cannot be handed over")
+
+    async def settle(self, kill: bool = True) -> None:
+        return None
+
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None  # the test says when it was reaped
 

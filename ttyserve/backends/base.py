@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import anyio
+import msgspec
 
 from ..protocol.messages import DEFAULT_COLS, DEFAULT_ROWS, DEFAULT_TERM, Exit
 from ..transport.readiness import Watch
@@ -34,6 +35,20 @@ class ProcessSpec:
     term: str = DEFAULT_TERM
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    name: str | None = None  # the session's id: what its cgroup is called
+
+
+class ChildState(msgspec.Struct, kw_only=True):
+    """A child handed to new code in this same process (an upgrade in place): our child
+    still, unreaped unless ``status`` says how it ended; its descriptors survive the execve."""
+
+    pid: int
+    pty: bool
+    output: int  # stdout, or the terminal's master
+    stderr: int | None = None
+    stdin: int | None = None  # pipes only (a terminal's input is its master)
+    status: Exit | None = None
+    cgroup: str | None = None
 
 
 class OutputSource(Protocol):
@@ -128,6 +143,39 @@ class ProcessHandle(Protocol):
         """SIGHUP (then SIGCONT) to the session's process group: a graceful shutdown's
         request. False when the process had already exited by itself (what is left of its
         group is hung up all the same). Raises nothing."""
+        ...
+
+    @property
+    def cgroup_path(self) -> str | None:
+        """The directory of the cgroup its tree runs in; None where the backend does not
+        contain trees."""
+        ...
+
+    @property
+    def leftovers(self) -> int | None:
+        """Processes of its tree killed after it ended (`settle`); None where the backend
+        does not contain trees (no cgroup)."""
+        ...
+
+    @property
+    def oom(self) -> bool:
+        """Whether its cgroup's memory limit killed a process of its tree."""
+        ...
+
+    def settle_nowait(self, kill: bool) -> bool:
+        """The process ended by itself and its output is over: what is left of its tree is
+        killed (``kill``) or left running. True when that is done now; False: await
+        `settle`. Raises nothing."""
+        ...
+
+    async def settle(self, kill: bool = True) -> None:
+        """`settle_nowait`, waiting until what was killed is gone. Raises nothing."""
+        ...
+
+    def handover(self, dry: bool = False) -> ChildState:
+        """What new code in this same process needs to go on with the process (an upgrade in
+        place): from now on its descriptors are that code's (``dry``: only what that would
+        be). Raises NotImplementedError where the backend cannot hand it over."""
         ...
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:

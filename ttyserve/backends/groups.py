@@ -1,4 +1,5 @@
-"""Process groups: signal one, ask whether it has members. For sessions and the journal."""
+"""Process groups: signal one, ask whether it has members; when a process started. For
+sessions, their cgroups and the journal."""
 
 from __future__ import annotations
 
@@ -27,3 +28,13 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_start_time(pid: int) -> int | None:
+    """Clock ticks after boot at which ``pid`` started (tells a pid from its reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[19])

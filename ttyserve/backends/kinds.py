@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Literal, get_args
 
+from .cgroups import Containment
 from .local import ChildBackend, LocalBackend
 from .spawn import spawn_supported
 
@@ -56,13 +57,15 @@ def _pty_missing() -> str | None:
     return None
 
 
-def make_backend(kind: str, default_cwd: str | None = None) -> ChildBackend:
-    """A backend of ``kind`` (see BACKEND_KINDS); ask `unavailable_reason` first.
+def make_backend(kind: str, default_cwd: str | None = None,
+                 containment: Containment | None = None) -> ChildBackend:
+    """A backend of ``kind`` (see BACKEND_KINDS), starting each session in a cgroup of its
+    own under ``containment``; ask `unavailable_reason` first.
 
     Raises ValueError for an unknown kind.
     """
     if resolve_kind(kind) == "posix_spawn":
-        return LocalBackend(default_cwd)
+        return LocalBackend(default_cwd, containment=containment)
     from .portable import PortableBackend  # imports ptyprocess only when chosen
 
-    return PortableBackend(default_cwd)
+    return PortableBackend(default_cwd, containment=containment)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
+import logging
 import os
 import signal
 import struct
@@ -21,10 +23,12 @@ from collections.abc import Callable
 import anyio
 
 from ..defaults import KILL_GRACE
+from ..errors import SpawnError
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from ..transport.readiness import Watch, watch_readable
-from .base import ProcessSpec
+from .base import ChildState, ProcessSpec
+from .cgroups import Containment, SessionCgroup
 from .groups import group_alive, signal_group
 from .reaper import become_subreaper, reap_orphans, run_orphan_reaper
 from .spawn import Stdio, check_cwd, resolve_executable, spawn
@@ -35,6 +39,7 @@ _PIPE_DEFAULT = 64 * 1024
 _CAN_GROW = hasattr(fcntl, "F_SETPIPE_SZ")  # Linux only
 _SHORT_READ = 4095  # a PTY hands out at most ~4 KiB per read even when more is queued
 _POLL = 0.02  # group members that are not our children can only be polled
+log = logging.getLogger("ttyserve")
 
 OnReaped = Callable[[int, Exit], None]  # (pid, status) of a session leader just reaped
 
@@ -113,10 +118,10 @@ class LocalProcess:
     we adopt orphans); ``watch`` makes what wakes `wait` (a pidfd, else polling).
     """
 
-    def __init__(self, pid: int, stdin_fd: int, stdout: FdSource, stderr: FdSource | None,
+    def __init__(self, pid: int, stdin_fd: int | None, stdout: FdSource, stderr: FdSource | None,
                  live: set[int], on_reaped: OnReaped | None = None, *,
                  sweep: Callable[[], object] | None = None,
-                 watch: WatchFactory = open_exit_watch) -> None:
+                 watch: WatchFactory = open_exit_watch, status: Exit | None = None) -> None:
         self.pid = pid
         self._live = live
         self._on_reaped = on_reaped
@@ -131,6 +136,12 @@ class LocalProcess:
         self._watching = False  # a task waits on the watch now
         self._watched: anyio.Event | None = None  # made when a second task waits for that one
         self._closed = False
+        self.cgroup: SessionCgroup | None = None  # its tree's, where the server contains it
+        self.leftovers: int | None = None  # processes of its tree killed after it, once known
+        self.oom = False  # its cgroup's memory limit killed one of them
+        if status is not None:  # reaped before it was handed over
+            self._reaped(status)
+            return
         try:
             self._watch = watch(pid)
         except ProcessLookupError as exc:  # already reaped behind our back (SIGCHLD ignored)
@@ -255,15 +266,20 @@ class LocalProcess:
             os.close(fd)
 
     async def end_group(self, grace: float = KILL_GRACE) -> Exit:
-        """SIGHUP and SIGCONT to the group (a hang-up), SIGKILL after ``grace``; reap."""
+        """SIGHUP and SIGCONT to the group (a hang-up), SIGKILL after ``grace``; reap. In a
+        cgroup, the SIGKILL goes to the whole cgroup (what left the group too), and the end
+        waits until it is empty."""
         deadline = time.monotonic() + grace
         if not self.returned:
             self.hang_up()
         with anyio.move_on_after(grace):
             await self.wait()
-            while group_alive(self.pid) and time.monotonic() < deadline:
+            while self._tree_alive() and time.monotonic() < deadline:
                 self._sweep_orphans()  # members orphaned to us hold the group until reaped
                 await anyio.sleep(_POLL)
+        if self.cgroup is not None:
+            await self.settle(kill=True)
+            return await self.wait()
         signal_group(self.pid, signal.SIGKILL)
         status = await self.wait()
         with anyio.move_on_after(grace):  # killed members vanish once reaped
@@ -272,12 +288,70 @@ class LocalProcess:
                 await anyio.sleep(_POLL)
         return status
 
+    @property
+    def cgroup_path(self) -> str | None:
+        return self.cgroup.path if self.cgroup is not None else None
+
+    def _tree_alive(self) -> bool:
+        return self.cgroup.populated() if self.cgroup is not None else group_alive(self.pid)
+
+    def settle_nowait(self, kill: bool) -> bool:
+        """The process ended by itself and its output is over: what is left of its tree (its
+        cgroup) is killed (``kill``) or left running. True when that is done now; False:
+        await `settle`."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return True
+        if kill and cgroup.populated():
+            return False
+        self._cgroup_done(cgroup, 0)
+        return True
+
+    async def settle(self, kill: bool = True) -> None:
+        """`settle_nowait`, waiting for the cgroup to empty after the kill."""
+        cgroup = self.cgroup
+        if cgroup is None or not kill:
+            self.settle_nowait(kill)
+            return
+        with anyio.CancelScope(shield=True):
+            killed = cgroup.kill()
+            if not await cgroup.until_empty(KILL_GRACE):
+                log.warning("cgroup %s: processes still alive %g s after cgroup.kill",
+                            cgroup.path, KILL_GRACE)
+            self._sweep_orphans()  # the killed are zombies of ours until reaped
+        self._cgroup_done(cgroup, killed)
+
+    def _cgroup_done(self, cgroup: SessionCgroup, killed: int) -> None:
+        if self.cgroup is not cgroup:
+            return  # settled by another way meanwhile (a cancel while it settled)
+        self.cgroup = None
+        self.leftovers = killed
+        self.oom = cgroup.oom_killed()
+        cgroup.remove()
+
     def _sweep_orphans(self) -> None:
         if self._sweep is not None:
             self._sweep()
 
+    def handover(self, dry: bool = False) -> ChildState:
+        """What new code in this process needs to go on with the child; its descriptors are
+        its from now on (made inheritable), and nothing here closes them. ``dry``: only
+        what that would be, changing nothing."""
+        pty = isinstance(self, PtyProcess)
+        state = ChildState(pid=self.pid, pty=pty, output=self.stdout.fd,
+                           stderr=self.stderr.fd if self.stderr is not None else None,
+                           stdin=None if pty else self._stdin_fd, status=self._status,
+                           cgroup=self.cgroup_path)
+        if not dry:
+            self._closed = True
+            if self._watch is not None:
+                self._watch.close()
+            for fd in self._fds():
+                os.set_inheritable(fd, True)
+        return state
+
     async def aclose(self) -> None:
-        if not self.returned:
+        if not self.returned or self.cgroup is not None:
             with anyio.CancelScope(shield=True):
                 await self.end_group()
         self.release()
@@ -285,6 +359,8 @@ class LocalProcess:
     def release(self) -> None:
         """Release the descriptors of a child that was reaped (idempotent)."""
         assert self.returned, "release() before the child was reaped: aclose() it"
+        if self.cgroup is not None:  # its tree is left running (a session that was not over)
+            self._cgroup_done(self.cgroup, 0)
         if not self._closed:
             self._closed = True
             if self._watch is not None:
@@ -316,9 +392,9 @@ class PtyProcess(LocalProcess):
 
     def __init__(self, pid: int, master: int, live: set[int],
                  on_reaped: OnReaped | None = None, *, sweep: Callable[[], object] | None = None,
-                 watch: WatchFactory = open_exit_watch) -> None:
+                 watch: WatchFactory = open_exit_watch, status: Exit | None = None) -> None:
         super().__init__(pid, master, FdSource(master), None, live, on_reaped, sweep=sweep,
-                         watch=watch)
+                         watch=watch, status=status)
         self._master = master
 
     def resize(self, rows: int, cols: int) -> None:
@@ -378,12 +454,15 @@ class ChildBackend(ABC):
     pty_process: type[PtyProcess] = PtyProcess
 
     def __init__(self, default_cwd: str | None = None, *,
-                 watch: WatchFactory = open_exit_watch) -> None:
+                 watch: WatchFactory = open_exit_watch,
+                 containment: Containment | None = None) -> None:
         self.default_cwd = default_cwd or os.getcwd()
+        self.containment = containment  # each session's tree in a cgroup of its own
         self.environment = BaseEnvironment()
         self.live: set[int] = set()  # session leaders not yet reaped
         self.watch = watch
         self._adopting = False
+        self._names = itertools.count(1)  # cgroups of specs with no name
 
     async def reap_orphans(self) -> None:
         """Adopt and reap what sessions leave behind, until cancelled (see reaper.py)."""
@@ -424,12 +503,51 @@ class ChildBackend(ABC):
         """`spawn`, which waits for nothing here (posix_spawn returns once the child runs),
         for callers that cannot wait (a connection's readiness callback)."""
         executable, env, cwd = self._prepare(spec)
+        containment = self.containment
+        if containment is None:
+            return self._start(spec, executable, env, cwd)
+        try:
+            cgroup = containment.create(spec.name or f"{os.getpid()}.{next(self._names)}")
+        except OSError as exc:
+            raise SpawnError(exc.errno or errno.EIO, f"cannot create the session's cgroup: "
+                             f"{exc.strerror}") from exc
+        try:
+            with containment.entered(cgroup):
+                process = self._start(spec, executable, env, cwd)
+        except BaseException:
+            cgroup.remove()
+            raise
+        process.cgroup = cgroup
+        return process
+
+    def _start(self, spec: ProcessSpec, executable: str, env: list[bytes],
+               cwd: str) -> LocalProcess:
         if not spec.pty:
             return self._spawn_pipe(spec, executable, env, cwd)
         pid, master = self._start_on_terminal(spec, executable, env, cwd)
         os.set_blocking(master, False)
         return self.pty_process(pid, master, self.live, self._leader_reaped,
                                 sweep=self._sweep_orphans, watch=self.watch)
+
+    def adopt(self, state: ChildState) -> LocalProcess:
+        """A child that code before an upgrade started and handed over (`handover`)."""
+        process: LocalProcess
+        if state.pty:
+            process = self.pty_process(state.pid, state.output, self.live, self._leader_reaped,
+                                       sweep=self._sweep_orphans, watch=self.watch,
+                                       status=state.status)
+        else:
+            assert state.stderr is not None
+            process = self.pipe_process(state.pid, state.stdin, FdSource(state.output, True),
+                                        FdSource(state.stderr, True), self.live,
+                                        self._leader_reaped, sweep=self._sweep_orphans,
+                                        watch=self.watch, status=state.status)
+        if state.cgroup is not None and self.containment is not None:
+            process.cgroup = SessionCgroup(state.cgroup, self.containment)
+        for fd in (state.output, state.stderr, state.stdin):
+            if fd is not None:
+                os.set_inheritable(fd, False)
+        return process
 
     def _spawn_pipe(self, spec: ProcessSpec, executable: str, env: list[bytes],
                     cwd: str) -> PipeProcess:

@@ -38,6 +38,7 @@ import ptyprocess  # type: ignore[import-untyped]  # no type information shipped
 from ..errors import SpawnError
 from ..protocol.messages import Exit
 from .base import ProcessSpec
+from .cgroups import Containment
 from .local import ChildBackend
 from .watch import WatchFactory, open_exit_watch
 
@@ -165,8 +166,9 @@ class PortableBackend(ChildBackend):
     """
 
     def __init__(self, default_cwd: str | None = None, *,
-                 watch: WatchFactory = open_exit_watch) -> None:
-        super().__init__(default_cwd, watch=watch)
+                 watch: WatchFactory = open_exit_watch,
+                 containment: Containment | None = None) -> None:
+        super().__init__(default_cwd, watch=watch, containment=containment)
         # Kept until reaped: a Popen dropped with returncode None would be polled,
         # and our child reaped, by subprocess's _cleanup().
         self._popens: dict[int, subprocess.Popen[bytes]] = {}

@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Callable, Iterator
@@ -16,16 +17,20 @@ import anyio
 import msgspec
 
 from ..addresses import Address, default_address, is_loopback, parse_address
+from ..backends.cgroups import Containment, Unavailable, open_containment, sweep_dead_servers
 from ..backends.kinds import make_backend, unavailable_reason
 from ..credentials import read_token, tls_context
 from ..errors import AddressError, ConfigError, LeaseError, ListenError, UsageError
 from ..exitcodes import ServeExit
 from ..server.auth import stdio_peer
+from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
 from ..server.listener import Server
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
+from ..server.upgrade import Handover, adopted_listeners, check, restored_containment
 from ..transport.streams import PipeTransport
+from ..version import __version__
 
 log = logging.getLogger("ttyserve")
 
@@ -75,7 +80,8 @@ def server_tls(config: ServerSettings, addresses: list[Address]) -> ssl.SSLConte
 
 
 @contextlib.contextmanager
-def _held(leases: list[SocketLease], journal: Journal | None) -> Iterator[None]:
+def _held(leases: list[SocketLease], journal: Journal | None,
+          containment: Containment | None = None) -> Iterator[None]:
     try:
         yield
     finally:
@@ -83,6 +89,29 @@ def _held(leases: list[SocketLease], journal: Journal | None) -> Iterator[None]:
             lease.release()
         if journal is not None:
             journal.close()
+        if containment is not None:
+            containment.close()
+
+
+def contain(config: ServerSettings) -> Containment | None:
+    """This server's containment (`--cgroup`): None when it is off (auto says why, in one
+    line). Raises ConfigError when what was asked for cannot be had: a directory named or
+    limits set with no writable cgroup v2, a missing controller."""
+    if config.cgroup == "off":
+        return None
+    limits = config.limits
+    try:
+        containment = open_containment(config.cgroup, limits)
+    except Unavailable as exc:
+        if config.cgroup != "auto" or limits.controllers():
+            raise ConfigError(f"--cgroup {config.cgroup}: {exc}") from None
+        log.info("containment is off: %s (sessions' processes are not put in cgroups)", exc)
+        return None
+    kept = sweep_dead_servers(os.path.dirname(containment.root))
+    if kept:
+        log.info("%d session cgroup(s) of servers that are gone still hold processes: "
+                    "left as they are, under %s", kept, os.path.dirname(containment.root))
+    return containment
 
 
 def stdio_transport() -> PipeTransport:
@@ -111,62 +140,125 @@ def listen_addresses(config: ServerSettings) -> list[Address]:
     return addresses
 
 
-async def _serve(config: ServerSettings) -> int:
-    """Serve ``config`` (what flags, environment and file said); the server's exit code."""
+def _checked(config: ServerSettings, handed: HandoverState | None,
+             ) -> tuple[list[Address], str | None, str | None, ssl.SSLContext | None]:
+    """What the configuration asks for, checked: the addresses, the token (and whether this
+    server made it), the TLS context. Raises UsageError, AddressError, ConfigError or
+    ValueError."""
+    addresses = listen_addresses(config)
+    token = None if config.stdio else read_token(config.token_file)
+    generated: str | None = None
+    if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
+        token = generated = (handed.token if handed is not None and handed.token
+                             else secrets.token_urlsafe(32))
+    check_exposure(addresses, token, config)
+    return addresses, token, generated, server_tls(config, addresses)
+
+
+def _bind(addresses: list[Address], leases: list[SocketLease],
+          ) -> list[tuple[Address, Address, socket.socket]]:
+    """Each address bound: (as asked, as bound, the socket)."""
+    bound = []
     try:
-        addresses = listen_addresses(config)
+        for address in addresses:
+            bound += [(address, real, sock) for real, sock in open_listeners([address], leases)]
+    except BaseException:
+        for _, _, sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
+def _journal(config: ServerSettings, handed: HandoverState | None) -> Journal | None:
+    """The journal: the one handed over where the configuration still names it (no recovery:
+    nothing crashed), else opened and recovered."""
+    if handed is not None and handed.journal_fd is not None:
+        assert handed.journal_path is not None
+        adopted = Journal.adopted(handed.journal_fd, handed.journal_path)
+        if config.journal is not None and (
+                os.path.abspath(config.journal) == os.path.abspath(handed.journal_path)):
+            return adopted
+        adopted.close()
+    if config.journal is None:
+        return None
+    journal = Journal(config.journal)
+    journal.recover()
+    return journal
+
+
+async def _serve(config: ServerSettings, handed: HandoverState | None = None) -> int:
+    """Serve ``config`` (what flags, environment and file said), going on with what an
+    upgrade handed over if anything was; the server's exit code."""
+    try:
+        addresses, token, generated, tls = _checked(config, handed)
+        settings = msgspec.structs.replace(config, token=token)
     except UsageError as exc:
         log.error("%s", exc)
         return ServeExit.USAGE
-    except (AddressError, ConfigError) as exc:
-        log.error("configuration: %s", exc)
-        return ServeExit.CONFIG
-    try:
-        token = None if config.stdio else read_token(config.token_file)
-        generated: str | None = None
-        if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
-            token = generated = secrets.token_urlsafe(32)
-        check_exposure(addresses, token, config)
-        tls = server_tls(config, addresses)
-        settings = msgspec.structs.replace(config, token=token)
     except (AddressError, ConfigError, ValueError) as exc:
         log.error("configuration: %s", exc)
         return ServeExit.CONFIG
     leases: list[SocketLease] = []
     journal: Journal | None = None
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    containment: Containment | None = None
+    listeners: list[tuple[Address, Address, socket.socket]] = []
+    receiving = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+    with anyio.open_signal_receiver(*receiving) as signals:
         try:
-            if config.journal is not None:
-                journal = Journal(config.journal)
-                journal.recover()
-            listeners = open_listeners(addresses, leases)
-        except (LeaseError, ListenError, OSError) as exc:
-            with _held(leases, journal):
+            journal = _journal(config, handed)
+            if handed is not None:
+                listeners, leases, unbound = adopted_listeners(handed, addresses)
+                if handed.containment is not None:
+                    containment = restored_containment(handed.containment)
+            else:
+                unbound = addresses
+            if containment is None:
+                containment = contain(config)
+            listeners += _bind(unbound, leases)
+        except (LeaseError, ListenError, OSError, ConfigError) as exc:
+            for _, _, sock in listeners:
+                sock.close()
+            with _held(leases, journal, containment):
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
-        server = Server(settings, make_backend(settings.spawn, settings.default_cwd),
-                        journal=journal, tls=tls)
+        backend = make_backend(settings.spawn, settings.default_cwd, containment)
+        server = Server(settings, backend, journal=journal, tls=tls)
+        handover = Handover(listeners, leases, journal, containment, generated, server.registry)
         quiet_collector()
 
-        async def watch_signals() -> None:
-            async for signum in signals:
-                if not server.stopping:
-                    log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                    server.shutdown()
-                else:
-                    log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
-                    server.force()
+        async def upgrade() -> None:
+            if config.stdio:
+                log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
+                            "connection is the server's life)")
+            elif not server.upgrading and await handover.dry_run():
+                log.info("upgrading from %s", __version__)
+                server.upgrade(lambda: handover.execute(backend))
 
-        with _held(leases, journal):
+        async def watch_signals() -> None:
+            async with anyio.create_task_group() as upgrades:
+                async for signum in signals:
+                    if signum == signal.SIGUSR2:
+                        upgrades.start_soon(upgrade)
+                    elif not server.stopping:
+                        log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+                        server.shutdown()
+                    else:
+                        log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
+                        server.force()
+
+        with _held(leases, journal, containment):
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(watch_signals)
                     only = (stdio_transport(), stdio_peer()) if config.stdio else None
-                    drained = await server.serve(listeners, announcer(generated), only=only)
+                    drained = await server.serve(
+                        [(bound, sock) for _, bound, sock in listeners],
+                        announcer(generated) if handed is None else None, only=only,
+                        adopt=handed)
                     tg.cancel_scope.cancel()
             finally:
-                for address, _ in listeners:
-                    remove_socket_file(address)
+                for _, bound, _ in listeners:
+                    remove_socket_file(bound)
     return ServeExit.OK if drained else ServeExit.ERROR
 
 
@@ -186,4 +278,25 @@ def serve_main(config: ServerSettings) -> int:
     if reason is not None:
         log.error("this platform cannot serve: %s", reason)
         return ServeExit.UNAVAILABLE
-    return anyio.run(_serve, config)
+    if CHECK_ENV in os.environ:
+        return _dry_run(config)
+    try:
+        handed = take()
+    except UnreadableState as exc:  # the dry run read the same: only a new bug gets here
+        log.error("upgrade: %s", exc)
+        return ServeExit.ERROR
+    return anyio.run(_serve, config, handed)
+
+
+def _dry_run(config: ServerSettings) -> int:
+    """An upgrade's dry run, in the new code: 0 when it can take over from the old one."""
+    try:
+        check(take(CHECK_ENV))
+        _checked(config, None)
+    except UsageError as exc:
+        log.error("dry run: %s", exc)
+        return ServeExit.USAGE
+    except Exception as exc:  # whatever the new code cannot do is a refusal, said here
+        log.error("dry run: %s: %s", type(exc).__name__, exc)
+        return ServeExit.CONFIG
+    return ServeExit.OK

@@ -48,7 +48,7 @@ from ..version import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
 from .journal import SessionAttach, SessionDetach
-from .registry import SessionRegistry, shutting_down
+from .registry import SessionRegistry, restarting, shutting_down
 from .session import ServerSession
 
 log = logging.getLogger("ttyserve")
@@ -135,6 +135,12 @@ class ConnectionHandler:
         if not self.attachments:
             self.core.close(shutting_down() if self.core.hello is not None else None)
             self._stop_reading()
+
+    def begin_restart(self) -> None:
+        """An upgrade in place: `server_restarting` on channel 0, then the close; detachable
+        sessions go on detached (the registry ended the others first)."""
+        self.core.close(restarting() if self.core.hello is not None else None)
+        self._stop_reading()
 
     def _stop_reading(self) -> None:
         """The connection is to close: the reader stops, woken where it waits for the client

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from ..backends.groups import group_alive, signal_group
+from ..backends.cgroups import kill_tree, populated, remove_tree
+from ..backends.groups import group_alive, process_start_time, signal_group
 from ..lines import write_all
 from .lease import acquire
 
@@ -58,6 +59,7 @@ class SessionStart(Record, tag="session.start", kw_only=True):
     pty: bool
     pid: int | None  # null when the spawn failed: always written
     start_time: int | None = None  # the process's start, clock ticks since boot
+    cgroup: str | None = None  # the directory of its cgroup, where the server contains trees
 
 
 class SessionEnd(Record, tag="session.end", kw_only=True):
@@ -70,6 +72,8 @@ class SessionEnd(Record, tag="session.end", kw_only=True):
     errno: int | None = None
     bytes_in: int | None = None
     bytes_out: int | None = None
+    leftovers: int | None = None  # processes of its cgroup killed after its process ended
+    oom: bool = False  # its cgroup's memory limit killed one of its processes
 
 
 class SessionDetach(Record, tag="session.detach", kw_only=True):
@@ -84,7 +88,17 @@ class SessionAttach(Record, tag="session.attach", kw_only=True):
     peer: str
 
 
-AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach
+class ServerUpgrade(msgspec.Struct, tag="server.upgrade", tag_field="event", kw_only=True,
+                    rename={"from_version": "from", "to_version": "to"}):
+    """The server upgraded itself in place (section 12): its sessions went on."""
+
+    at: str
+    from_version: str
+    to_version: str
+    sessions: int  # the sessions kept
+
+
+AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach | ServerUpgrade
 _decoder = msgspec.json.Decoder(AnyRecord)
 _encoder = msgspec.json.Encoder()
 
@@ -92,16 +106,6 @@ _encoder = msgspec.json.Encoder()
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace(
         "+00:00", "Z")
-
-
-def process_start_time(pid: int) -> int | None:
-    """Clock ticks after boot at which ``pid`` started (tells a pid from its reuse)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            text = file.read()
-    except OSError:
-        return None
-    return int(text[text.rindex(")") + 2 :].split()[19])
 
 
 @dataclass
@@ -171,13 +175,28 @@ class Journal:
             os.close(self.fd)
             raise
 
+    @classmethod
+    def adopted(cls, fd: int, path: str) -> Journal:
+        """The journal code before an upgrade in place had open (and locked: the lock is this
+        process's, and holds while the descriptor is open)."""
+        journal = cls.__new__(cls)
+        journal.path, journal.fd = path, fd
+        journal._next, journal._writing = None, False
+        os.set_inheritable(fd, False)
+        return journal
+
+    @property
+    def idle(self) -> bool:
+        """No write is under way or waiting."""
+        return not self._writing and self._next is None
+
     now = staticmethod(now_rfc3339)
 
     def _write(self, data: bytes) -> None:
         write_all(self.fd, data)
         os.fsync(self.fd)
 
-    async def append(self, *records: Record) -> None:
+    async def append(self, *records: Record | ServerUpgrade) -> None:
         """Write ``records`` (in order, on one line each) and fsync them, off the event loop.
 
         Records appended while a write is under way wait for the next write, which takes
@@ -217,7 +236,7 @@ class Journal:
             offset += len(chunk)
         return b"".join(chunks)
 
-    def _append_now(self, record: Record) -> None:
+    def _append_now(self, record: Record | ServerUpgrade) -> None:
         self._write(_encoder.encode(record) + b"\n")
 
     def recover(self, grace: float = 1.0) -> list[SessionEnd]:
@@ -230,26 +249,31 @@ class Journal:
             os.write(self.fd, b"\n")  # the next record starts on a line of its own
         ends = []
         survivors = []
+        cgroups = []
         for start in open_sessions(parsed.records):
-            if start.pid is not None and start.pid > 0 and _still_ours(start.pid,
-                                                                       start.start_time):
+            if start.cgroup is not None and os.path.isdir(start.cgroup):
+                cgroups.append(start.cgroup)  # everything its tree left: no pid to verify
+            elif start.pid is not None and start.pid > 0 and _still_ours(start.pid,
+                                                                         start.start_time):
                 survivors.append(start.pid)
             end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED)
             self._append_now(end)
             ends.append(end)
         if ends:
-            log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)",
-                        self.path, len(ends), len(survivors))
+            log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)"
+                        " and killing %d cgroup(s)", self.path, len(ends), len(survivors),
+                        len(cgroups))
         _hang_up_survivors(survivors, grace)
+        _kill_cgroups(cgroups, grace)
         return ends
 
     def start_record(self, session_id: str, peer: str, argv: list[str], pty: bool,
-                     pid: int | None) -> SessionStart:
+                     pid: int | None, cgroup: str | None = None) -> SessionStart:
         """A session's `session.start` (with its process's start time, which tells the pid
-        from its reuse after a crash)."""
+        from its reuse after a crash, and its cgroup, which a crash's recovery kills)."""
         start_time = process_start_time(pid) if pid is not None else None
         return SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv, pty=pty,
-                            pid=pid, start_time=start_time)
+                            pid=pid, start_time=start_time, cgroup=cgroup)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -264,6 +288,18 @@ def _still_ours(pid: int, recorded_start: int | None) -> bool:
     """
     current = process_start_time(pid)
     return current == recorded_start if current is not None else group_alive(pid)
+
+
+def _kill_cgroups(directories: list[str], grace: float) -> None:
+    """Kill what crashed sessions left in their cgroups, and remove the cgroups once empty
+    (one that is not, within ``grace``, is left for the next start)."""
+    for directory in directories:
+        kill_tree(directory)
+    deadline = time.monotonic() + grace
+    for directory in directories:
+        while populated(directory) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        remove_tree(directory)
 
 
 def _hang_up_survivors(groups: list[int], grace: float) -> None:

@@ -47,6 +47,14 @@ class SocketLease:
             os.close(self.fd)
             raise
 
+    @classmethod
+    def adopted(cls, socket_path: str, fd: int) -> SocketLease:
+        """The lease code before an upgrade in place held (the lock is this process's)."""
+        lease = cls.__new__(cls)
+        lease.path, lease.fd = socket_path + ".lock", fd
+        os.set_inheritable(fd, False)
+        return lease
+
     def release(self) -> None:
         """Remove the lock file, then let go of the lock."""
         try:

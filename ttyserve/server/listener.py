@@ -34,6 +34,7 @@ from ..transport.streams import (
 )
 from .auth import Gate, Peer, peer_of
 from .handler import ConnectionHandler
+from .handover import HandoverState
 from .journal import Journal
 from .registry import SessionRegistry, busy
 from .settings import ServerSettings
@@ -80,16 +81,32 @@ class Server:
         self.forced = False
         self._stop = anyio.Event()
         self._force = anyio.Event()
+        self._wake = anyio.Event()  # the accept loops stop: a shutdown or an upgrade
+        self._upgrade: Callable[[], None] | None = None
         self._web: FrontDoor | None = None
 
     def shutdown(self) -> None:
         """Begin the graceful drain (idempotent)."""
         self._stop.set()
+        self._wake.set()
 
     def force(self) -> None:
         """End now: cancel every session, kill and reap its processes."""
-        self._stop.set()
+        self.shutdown()
         self._force.set()
+
+    def upgrade(self, execute: Callable[[], None]) -> None:
+        """Begin an upgrade in place (section 12): stop accepting, end the sessions no client
+        can attach again, close every connection with `server_restarting`, and once nothing
+        is half-way, call ``execute``, which hands the rest over to new code in this process
+        and does not return; where it does (the execve failed), serving goes on."""
+        if not self.stopping and self._upgrade is None:
+            self._upgrade = execute
+            self._wake.set()
+
+    @property
+    def upgrading(self) -> bool:
+        return self._upgrade is not None
 
     async def serve(
         self,
@@ -97,17 +114,24 @@ class Server:
         on_listening: Callable[[Address], None] | None = None,
         *,
         only: tuple[Transport, Peer] | None = None,
+        adopt: HandoverState | None = None,
     ) -> bool:
         """Serve until shut down; True when the drain finished, False when forced.
 
         With ``only`` (`serve --stdio`), serve that one open connection besides any
-        listeners, and shut down once it ends."""
+        listeners, and shut down once it ends. With ``adopt``, go on with the sessions an
+        upgrade in place handed over (the journal gets its one `server.upgrade`)."""
         ensure_children_reapable()
         backend = self.registry.backend
         async with anyio.create_task_group() as maintenance:
             if self.reap_orphans and isinstance(backend, ChildBackend):
                 maintenance.start_soon(backend.reap_orphans)
+            if isinstance(backend, ChildBackend) and backend.containment is not None:
+                maintenance.start_soon(backend.containment.tend)
             async with self.registry.running():
+                if adopt is not None:
+                    assert isinstance(backend, ChildBackend), "only children are handed over"
+                    await self.registry.adopted(adopt.sessions, backend, adopt.from_version)
                 drained = await self._serve(listeners, on_listening, only)
             maintenance.cancel_scope.cancel()
         return drained
@@ -122,13 +146,21 @@ class Server:
             self._connection_tasks = connections  # each connection's writer runs here too
             if only is not None:
                 connections.start_soon(self._serve_only, *only)
-            async with anyio.create_task_group() as accepting:
-                for address, listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, address, connections)
-                    if on_listening is not None:
-                        on_listening(address)
-                await self._stop.wait()
-                accepting.cancel_scope.cancel()
+            while True:
+                async with anyio.create_task_group() as accepting:
+                    for address, listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, address, connections)
+                        if on_listening is not None:
+                            on_listening(address)
+                    on_listening = None  # once: the listeners stay the same
+                    await self._wake.wait()
+                    accepting.cancel_scope.cancel()
+                if self._stop.is_set():
+                    break
+                await self._hand_over()  # back only when the new code could not be executed
+                self._wake = anyio.Event()
+                if self._stop.is_set():
+                    break
             for _, listener in listeners:
                 listener.close()
             self.registry.hang_up_all()
@@ -146,14 +178,39 @@ class Server:
                 connections.cancel()
         return not self.forced
 
+    async def _hand_over(self) -> None:
+        """An upgrade, up to the execve (`upgrade`); a failure logs why and returns."""
+        execute, registry, timeout = self._upgrade, self.registry, self.settings.shutdown_timeout
+        assert execute is not None
+        registry.restarting = True
+        try:
+            await registry.end_undetachable(self.settings.upgrade_drain, timeout)
+            for handler in list(self.handlers):
+                handler.begin_restart()
+            with anyio.move_on_after(timeout):
+                await self._until_no_handlers()
+            for handler in list(self.handlers):  # clients that do not read their last frames
+                handler.outbox.abort()
+            await self._until_no_handlers()
+            if not await registry.until_quiet(timeout):
+                log.error("upgrade abandoned: sessions still ending after %g s", timeout)
+                return
+            execute()  # returns only when it failed (and said why)
+        finally:
+            registry.restarting = False
+            self._upgrade = None
+
+    async def _until_no_handlers(self) -> None:
+        while self.handlers:
+            self._handlers_changed = anyio.Event()
+            await self._handlers_changed.wait()
+
     async def _wait_forced(self, scope: anyio.CancelScope) -> None:
         await self._force.wait()
         scope.cancel()
 
     async def _wait_drained(self) -> None:
-        while self.handlers:
-            self._handlers_changed = anyio.Event()
-            await self._handlers_changed.wait()
+        await self._until_no_handlers()
         await self.registry.wait_empty()
 
     @property

@@ -25,6 +25,7 @@ from ..backends.base import ProcessSpec
 from ..lines import write_all
 from ..protocol.frames import FrameKind
 from ..protocol.messages import Exit
+from .handover import RecordingState
 from .session import ServerSession
 
 log = logging.getLogger("ttyserve")
@@ -85,6 +86,7 @@ class Recording:
     """One asciicast v3 event stream, written to ``fd`` (the header is already there)."""
 
     def __init__(self, fd: int, path: str, with_input: bool) -> None:
+        self.with_input = with_input
         self.path = path
         self._fd: int | None = fd
         utf8 = codecs.getincrementaldecoder("utf-8")
@@ -147,6 +149,34 @@ class Recording:
                     with contextlib.suppress(OSError):  # nothing is left to lose
                         os.close(self._fd)
                     self._fd = None
+
+    async def flushed(self) -> None:
+        """Until what is pending is written (an upgrade hands over the file only then)."""
+        await self._flush()
+
+    def handover(self, dry: bool = False) -> RecordingState | None:
+        """What new code in this process needs to go on writing (after `flushed`, with no
+        event since), None when the file failed; the file is its from now on (``dry``:
+        only what that would be)."""
+        fd = self._fd
+        if fd is None:
+            return None
+        if not dry:
+            assert not self._pending
+            self._fd = None
+            self._ended = True
+            self._flusher.cancel()
+            os.set_inheritable(fd, True)
+        return RecordingState(fd=fd, path=self.path, with_input=self.with_input,
+                              start=self._start, last_ms=self._last_ms)
+
+    @classmethod
+    def adopted(cls, state: RecordingState) -> Recording:
+        """The recording `handover` described, going on in this code."""
+        recording = cls(state.fd, state.path, state.with_input)
+        recording._start, recording._last_ms = state.start, state.last_ms
+        os.set_inheritable(state.fd, False)
+        return recording
 
     def _event(self, code: str, data: str) -> None:
         if self._ended:

@@ -23,17 +23,22 @@ import anyio
 import anyio.abc
 
 from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
-from ..defaults import BUSY_RETRY_MS
+from ..backends.local import ChildBackend
+from ..defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
 from ..errors import ErrorCode, RequestError
 from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo, members
-from .journal import Journal, Reason, SessionAttach, SessionDetach, SessionEnd
-from .recording import finish_recording, start_recording
+from ..version import __version__
+from .handover import ExitedProcess, SessionState
+from .journal import Journal, Reason, ServerUpgrade, SessionAttach, SessionDetach, SessionEnd
+from .recording import Recording, finish_recording, start_recording
 from .scrollback import OffsetBeyondOutput
 from .session import ServerSession
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
 
 log = logging.getLogger("ttyserve")
+
+QUIET_POLL = 0.01  # seconds between looks for a state that can be handed over
 
 
 def busy(message: str) -> RequestError:
@@ -43,6 +48,11 @@ def busy(message: str) -> RequestError:
 def shutting_down() -> RequestError:
     return RequestError(ErrorCode.SHUTTING_DOWN, "the server is shutting down",
                         retry_after_ms=BUSY_RETRY_MS)
+
+
+def restarting() -> RequestError:
+    return RequestError(ErrorCode.SERVER_RESTARTING, "the server is upgrading itself in place",
+                        retry_after_ms=UPGRADE_RETRY_MS)
 
 
 def _spawn_failed(exc: OSError, peer: str) -> RequestError:
@@ -84,7 +94,9 @@ class SessionRegistry:
         # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
         self.closing = False  # a graceful shutdown began: no new sessions
+        self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
+        self._noting = 0  # detach and attach records not written yet
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
@@ -110,18 +122,21 @@ class SessionRegistry:
 
     # --- admission ----------------------------------------------------------------------
 
-    def spec_for(self, request: Open) -> ProcessSpec:
-        """What to run for an `open`: its members, the server's defaults where it has none."""
+    def spec_for(self, request: Open, session_id: str | None = None) -> ProcessSpec:
+        """What to run for an `open`: its members, the server's defaults where it has none
+        (and the session's id, which names its cgroup)."""
         return ProcessSpec(
             argv=list(request.argv) or list(self._default_argv), pty=request.pty,
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
-            cwd=request.cwd or self.settings.default_cwd)
+            cwd=request.cwd or self.settings.default_cwd, name=session_id)
 
     def admit(self, sessions_here: int) -> None:
         """RequestError when no session may start now: shutting_down, or busy (the server's
         or this connection's limit)."""
         if self.closing:
             raise shutting_down()
+        if self.restarting:
+            raise restarting()
         if len(self.sessions) + self._opening >= self.settings.max_sessions:
             raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
         self.check_room(sessions_here)
@@ -137,8 +152,8 @@ class SessionRegistry:
         """Admit and spawn a session, its start record on disk before it is returned (so
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
-        spec = self._admit_open(request, peer, sessions_here)
         session_id = self._new_id(request.detachable)
+        spec = self._admit_open(request, peer, sessions_here, session_id)
         self._opening += 1  # counted against --max-sessions while it awaits
         try:
             try:
@@ -155,7 +170,8 @@ class SessionRegistry:
             # Shielded: a cancel now must not leave a process without its record, nor its
             # owner.
             session.recorded = await self._record(lambda journal: journal.append(
-                journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid)))
+                journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
+                                     process.cgroup_path)))
         finally:
             self._opening -= 1
         return self._admitted(session)
@@ -168,21 +184,23 @@ class SessionRegistry:
         spawn_nowait = self._spawn_nowait
         if self.journal is not None or spawn_nowait is None:
             return None
-        spec = self._admit_open(request, peer, sessions_here)
+        session_id = self._new_id(request.detachable)
+        spec = self._admit_open(request, peer, sessions_here, session_id)
         try:
             process = spawn_nowait(spec)
         except OSError as exc:
             raise _spawn_failed(exc, peer) from exc
         return self._admitted(
-            self._session(self._new_id(request.detachable), process, spec, owner, peer,
-                          request.detachable, request.detached_timeout))
+            self._session(session_id, process, spec, owner, peer, request.detachable,
+                          request.detached_timeout))
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
         only tells its records apart."""
         return new_session_id() if detachable else self._journal_id()
 
-    def _admit_open(self, request: Open, peer: str, sessions_here: int) -> ProcessSpec:
+    def _admit_open(self, request: Open, peer: str, sessions_here: int,
+                    session_id: str) -> ProcessSpec:
         """What an `open` runs, once admitted: RequestError when it may not."""
         settings = self.settings
         self.admit(sessions_here)
@@ -202,14 +220,15 @@ class SessionRegistry:
         except RequestError as exc:
             log.warning("%s: %s: %s", peer, exc.code, exc.message)
             raise
-        return self.spec_for(request)
+        return self.spec_for(request, session_id)
 
     def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
                  peer: str, detachable: bool, detached_timeout: int | None) -> ServerSession:
         session = ServerSession(session_id, process, spec, peer, self._start_task,
                                 linger=self.settings.linger, owner=owner,
                                 scrollback=self.settings.scrollback if detachable else None,
-                                detached_timeout=detached_timeout or self.settings.detached_timeout)
+                                detached_timeout=detached_timeout or self.settings.detached_timeout,
+                                kill_leftovers=self.settings.leftovers == "kill")
         session.on_delivered = lambda: self._delivered(session)
         return session
 
@@ -232,6 +251,8 @@ class SessionRegistry:
         "stolen"), or busy."""
         if self.closing:
             raise shutting_down()
+        if self.restarting:
+            raise restarting()
         session = self.sessions.get(request.session)
         if (session is None or not session.detachable or session.owner != owner
                 or session.ending is not None):
@@ -325,7 +346,7 @@ class SessionRegistry:
         else:
             self._forget(session)
         self._running -= 1  # after the end record: "none running" means all written
-        if not self._running and self._emptied is not None:
+        if self._emptied is not None:
             self._emptied.set()
 
     @staticmethod
@@ -336,7 +357,8 @@ class SessionRegistry:
             id=session.id, at=journal.now(), reason=session.end_reason(status),
             code=final.code if final else None, signal=final.signal if final else None,
             error=final.error if final else None,
-            bytes_in=session.bytes_in, bytes_out=session.bytes_out)
+            bytes_in=session.bytes_in, bytes_out=session.bytes_out,
+            leftovers=session.process.leftovers, oom=session.process.oom)
 
     async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
         """Write journal records, shielded (a start always gets its end); False when there is
@@ -357,12 +379,16 @@ class SessionRegistry:
         task: this is called from where nothing can wait)."""
         self.deadline_moved()
         if self.journal is not None and self._task_group is not None:
+            self._noting += 1
             self._task_group.start_soon(self._note, session, kind, peer)
 
     async def _note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
                     peer: str) -> None:
-        await self._record(lambda journal: journal.append(
-            kind(id=session.id, at=journal.now(), peer=peer)))
+        try:
+            await self._record(lambda journal: journal.append(
+                kind(id=session.id, at=journal.now(), peer=peer)))
+        finally:
+            self._noting -= 1
 
     # --- the sweeper, and the end ----------------------------------------------------
 
@@ -440,6 +466,96 @@ class SessionRegistry:
 
     async def wait_empty(self) -> None:
         """Until no session runs (ended ones waiting for an attach do not count)."""
-        while self._running:
+        await self._until(lambda: not self._running)
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        """Until ``condition`` holds, looked at again whenever a session has ended."""
+        while not condition():
             self._emptied = anyio.Event()
             await self._emptied.wait()
+
+    # --- an upgrade in place (section 12) -----------------------------------------------
+
+    async def end_undetachable(self, drain: float, grace: float) -> None:
+        """Let the sessions no client can attach again end by themselves for ``drain``
+        seconds, then hang them up, as a graceful shutdown does; those still running
+        ``grace`` seconds later are ended (killed)."""
+        def undetachable() -> list[ServerSession]:
+            return [s for s in self.sessions.values() if not s.detachable]
+
+        with anyio.move_on_after(drain):
+            await self._until(lambda: not undetachable())
+        for session in undetachable():
+            session.hang_up()
+        with anyio.move_on_after(grace):
+            await self._until(lambda: not undetachable())
+        for session in undetachable():
+            session.cancel(Reason.SHUTDOWN)
+        await self._until(lambda: not undetachable())
+
+    def quiet(self) -> bool:
+        """Whether no session is half-way through its end and no record is being written: a
+        state can be handed over."""
+        return (not self._opening and not self._noting
+                and (self.journal is None or self.journal.idle)
+                and not any(s.in_transition for s in self.sessions.values()))
+
+    async def until_quiet(self, timeout: float) -> bool:
+        """Until `quiet`, with every recording's events written; whether it came in time."""
+        with anyio.move_on_after(timeout):
+            while not self.quiet():
+                await anyio.sleep(QUIET_POLL)
+            for session in self.sessions.values():
+                for observer in session.observers:
+                    if isinstance(observer, Recording):
+                        await observer.flushed()
+            if self.quiet():
+                return True
+        return False
+
+    def describe(self) -> list[SessionState]:
+        """What `handover` would hand over now, changing nothing (for the dry run: the new
+        code must read it): the detachable sessions."""
+        return [s.handover(dry=True) for s in self.sessions.values() if s.detachable]
+
+    def handover(self) -> list[SessionState]:
+        """Every session, for new code in this process (the caller executes it next, with no
+        await between): by now each is detachable and detached. They are this registry's no
+        more (`adopt` takes them back if the new code cannot be executed)."""
+        states = [session.handover() for session in self.sessions.values()]
+        self.sessions.clear()
+        self._running = 0
+        return states
+
+    async def adopted(self, states: list[SessionState], backend: ChildBackend,
+                      from_version: str) -> None:
+        """Go on after an upgrade in place: the sessions handed over, adopted; the journal's
+        one `server.upgrade` record."""
+        self.adopt(states, backend)
+        await self._record(lambda journal: journal.append(ServerUpgrade(
+            at=journal.now(), from_version=from_version, to_version=__version__,
+            sessions=len(states))))
+        log.info("upgraded: %d sessions kept", len(states))
+
+    def adopt(self, states: list[SessionState], backend: ChildBackend) -> None:
+        """Go on with the sessions that code before an upgrade handed over."""
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        for state in states:
+            process: ProcessHandle
+            if state.process is not None:
+                process = backend.adopt(state.process)
+            else:  # over (released once its exit was offered): the exit waits for a client
+                assert state.final is not None
+                process = ExitedProcess(state.pid, state.final)
+            session = ServerSession.adopted(
+                state, process, self._start_task, linger=self.settings.linger,
+                kill_leftovers=self.settings.leftovers == "kill")
+            session.on_delivered = lambda session=session: self._delivered(session)
+            if state.recording is not None:
+                recording = Recording.adopted(state.recording)
+                session.observers.append(recording)
+                self._task_group.start_soon(recording.run)
+            self.sessions[session.id] = session
+            if state.process is not None:
+                self.start(session)
+        self.deadline_moved()

@@ -42,6 +42,17 @@ class Scrollback:
             collections.deque())
         self._used = 0
 
+    @classmethod
+    def restored(cls, size: int, dropped: int, start: dict[FrameKind, int],
+                 end: dict[FrameKind, int], chunks: list[tuple[FrameKind, bytes]],
+                 ) -> Scrollback:
+        """A ring as another one was (`since(0, 0)` gave its chunks): an upgrade's."""
+        ring = cls(size)
+        for kind, data in chunks:
+            ring.append(kind, data)
+        ring.dropped, ring.start, ring.end = dropped, dict(start), dict(end)
+        return ring
+
     def __len__(self) -> int:
         """Output bytes held."""
         return self._used - CHUNK_COST * len(self._chunks)

@@ -18,7 +18,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 
@@ -28,6 +28,7 @@ from ..protocol.frames import FrameKind
 from ..protocol.messages import Exit, Message, Resize, Signal
 from ..protocol.terminal_modes import TerminalModes
 from ..transport.readiness import Watch
+from .handover import ModesState, RecordingState, RingState, SessionState
 from .journal import Reason, now_rfc3339
 from .pump import OutputPump
 from .scrollback import Scrollback
@@ -64,6 +65,13 @@ class Sink(Protocol):
         ...
 
 
+@runtime_checkable
+class HandsOver(Protocol):
+    """An observer that goes on after an upgrade in place (a recording)."""
+
+    def handover(self, dry: bool = False) -> RecordingState | None: ...
+
+
 class OutputObserver(Protocol):
     """Sees every output chunk, input chunk and resize, and the end, whether a client is
     attached or not (a recording)."""
@@ -86,7 +94,8 @@ class ServerSession:
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
                  peer: str, start_task: StartTask, *, linger: float = DEFAULT_LINGER,
                  owner: str = "", scrollback: int | None = None,
-                 detached_timeout: float = DEFAULT_DETACHED_TIMEOUT) -> None:
+                 detached_timeout: float = DEFAULT_DETACHED_TIMEOUT,
+                 kill_leftovers: bool = True) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
@@ -125,6 +134,11 @@ class ServerSession:
         self._linger_timer: asyncio.TimerHandle | None = None
         self._status: Exit | None = None  # the process's, once reaped
         self._exit_sent = False  # a session nobody can attach again sends it once
+        self._start_task = start_task
+        self._kill_leftovers = kill_leftovers  # at a normal end (--leftovers kill)
+        self._tree_settled = False  # what its process left running was killed or left
+        self._settling = False  # a task kills what it left and waits for the end
+        self.released = False  # over: its process reaped and its descriptors closed
 
     @property
     def pid(self) -> int:
@@ -306,11 +320,76 @@ class ServerSession:
         still runs, reaped, and its descriptors released."""
         self._stop_pumps()
         await self.process.aclose()
+        self.released = True
 
     def close(self) -> None:
         """`aclose` of a session over on callbacks alone, its process reaped: no waiting."""
         self._stop_pumps()
         self.process.release()
+        self.released = True
+
+    @property
+    def in_transition(self) -> bool:
+        """Whether it is being ended, or is over but not yet let go (its end record, its
+        leftovers): an upgrade waits for that to finish."""
+        return (self.ending is not None or self._settling
+                or (self.output_over and not self.released))
+
+    def handover(self, dry: bool = False) -> SessionState:
+        """What new code in this process needs to go on with this detached session (an upgrade
+        in place); from now on its descriptors are the new code's (``dry``: only what that
+        would be, changing nothing)."""
+        assert self.ring is not None, "only detachable sessions go on"
+        if not dry:
+            assert self.sink is None, "only detached sessions go on"
+            self._stop_pumps()
+        spec, ring, modes = self.spec, self.ring, self.modes
+        _, chunks = ring.since(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR])
+        return SessionState(
+            id=self.id, pid=self.pid, owner=self.owner, peer=self.peer, started=self.started,
+            argv=spec.argv, pty=spec.pty, rows=self.size[0], cols=self.size[1], term=spec.term,
+            env=spec.env, cwd=spec.cwd, detached_at=self.detached_at,
+            detached_timeout=self.detached_timeout, final=self.final,
+            delivered_at=self.delivered_at, recorded=self.recorded, bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out, tree_settled=self._tree_settled,
+            ring=RingState(size=ring.size, dropped=ring.dropped,
+                           start=(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR]),
+                           end=(ring.end[FrameKind.STDOUT], ring.end[FrameKind.STDERR]),
+                           chunks=[(int(kind), data) for kind, data in chunks]),
+            modes=None if modes is None else ModesState(
+                modes=dict(modes.modes), keypad=modes.keypad, title=modes.title),
+            process=None if self.released else self.process.handover(dry),
+            recording=next((o.handover(dry) for o in self.observers
+                            if isinstance(o, HandsOver)), None))
+
+    @classmethod
+    def adopted(cls, state: SessionState, process: ProcessHandle, start_task: StartTask, *,
+                linger: float, kill_leftovers: bool) -> ServerSession:
+        """The session `handover` described, going on in this code with ``process``."""
+        spec = ProcessSpec(argv=state.argv, pty=state.pty, rows=state.rows, cols=state.cols,
+                           term=state.term, env=state.env, cwd=state.cwd, name=state.id)
+        session = cls(state.id, process, spec, state.peer, start_task, linger=linger,
+                      owner=state.owner, scrollback=state.ring.size,
+                      detached_timeout=state.detached_timeout, kill_leftovers=kill_leftovers)
+        kinds = (FrameKind.STDOUT, FrameKind.STDERR)
+        ring = state.ring
+        session.ring = Scrollback.restored(
+            ring.size, ring.dropped, dict(zip(kinds, ring.start, strict=True)),
+            dict(zip(kinds, ring.end, strict=True)),
+            [(FrameKind(kind), data) for kind, data in ring.chunks])
+        if session.modes is not None and state.modes is not None:
+            session.modes.modes.update(state.modes.modes)
+            session.modes.keypad, session.modes.title = state.modes.keypad, state.modes.title
+        session.started = state.started
+        session.detached_at = state.detached_at
+        session.delivered_at = state.delivered_at
+        session.recorded = state.recorded
+        session.bytes_in, session.bytes_out = state.bytes_in, state.bytes_out
+        session._tree_settled = state.tree_settled
+        if state.final is not None:  # over: its exit waits for a client
+            session.final = session._status = state.final
+            session.released = True
+        return session
 
     async def _run(self) -> Exit:
         if self._exit_watch is not None:
@@ -322,6 +401,8 @@ class ServerSession:
                 await self._until_settled()
             self._linger_over()
             await self._until_settled()
+        if not self._settle_tree():
+            await self._kill_tree()
         assert self._status is not None
         return self._status
 
@@ -349,9 +430,31 @@ class ServerSession:
 
     @property
     def output_over(self) -> bool:
-        """Whether the process was reaped and every stream reached its end (or was cut
-        short by the linger): nothing more is read, the exit may go."""
-        return self._status is not None and not self._open_streams
+        """Whether the process was reaped, every stream reached its end (or was cut short by
+        the linger) and what the process left running in its cgroup is dealt with: nothing
+        more is read, the exit may go."""
+        return self._status is not None and not self._open_streams and self._tree_settled
+
+    def _settle_tree(self) -> bool:
+        """Once the output is over: kill what the process left running (--leftovers kill, or
+        a session being ended), or leave it. Whether that is done; where it has to wait,
+        a task does it on callbacks alone (`run` does it itself)."""
+        if self._tree_settled:
+            return True
+        kill = self._kill_leftovers or self.ending is not None
+        if self.process.settle_nowait(kill):
+            self._tree_settled = True
+        elif self._ended is not None and not self._settling:
+            self._settling = True
+            self._start_task(self._kill_tree)
+        return self._tree_settled
+
+    async def _kill_tree(self) -> None:
+        """Kill what the process left running and wait until it is gone; then the exit."""
+        await self.process.settle(kill=True)
+        self._tree_settled = True
+        self._offer_exit()
+        self._tell_if_over()
 
     def _offer_exit(self) -> None:
         """The one place the exit goes out: once the output is over (`output_over`), after
@@ -359,7 +462,7 @@ class ServerSession:
         detachable session keeps it (`final`) for each later attach, until the registry
         forgets the session."""
         status = self._status
-        if status is None or self._open_streams or self._exit_sent:
+        if status is None or self._open_streams or self._exit_sent or not self._settle_tree():
             return
         if self.final is None:  # the first time: the recording's last event
             self.final = status

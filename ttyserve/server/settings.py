@@ -15,10 +15,11 @@ import os
 import re
 import shlex
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from ..backends.cgroups import Limits
 from ..backends.kinds import BackendKind
 from ..defaults import (
     DEFAULT_DETACHED_TIMEOUT,
@@ -34,6 +35,7 @@ from ..defaults import (
     DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_STDIN_WINDOW,
+    DEFAULT_UPGRADE_DRAIN,
 )
 from ..errors import ConfigError
 from ..protocol.frames import DEFAULT_MAX_FRAME
@@ -123,6 +125,26 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "write every PTY session to DIR/ID.cast (asciicast v3)", "DIR")] = None
     record_input: Annotated[bool, option(
         "record what is typed too (it holds passwords)")] = False
+    cgroup: Annotated[str, option(
+        "auto, off, or a cgroup v2 directory under which every session's process tree runs in "
+        "a cgroup of its own, killed as a whole when the session is ended (auto: a ttyserve "
+        "child of the server's own cgroup, where it may write)", "auto|off|DIR",
+        min_length=1)] = "auto"
+    leftovers: Annotated[Literal["kill", "leave"], option(
+        "what is still running in a session's cgroup once its process exited and its output "
+        "ended: kill it, or leave it running (as ssh does)", "kill|leave")] = "kill"
+    session_memory_max: Annotated[int, option(
+        "memory a session's cgroup may use, bytes (memory.max; 0: no limit)", "BYTES",
+        ge=0)] = 0
+    session_pids_max: Annotated[int, option(
+        "processes a session's cgroup may hold at once (pids.max; 0: no limit)", "N",
+        ge=0)] = 0
+    session_cpu_max: Annotated[float, option(
+        "CPUs a session's cgroup may use, such as 0.5 (cpu.max; 0: no limit)", "CPUS",
+        ge=0)] = 0
+    upgrade_drain: Annotated[float, option(
+        "at an upgrade in place (SIGUSR2), seconds the sessions that cannot be reattached may "
+        "end by themselves before they are hung up", "S", ge=0)] = DEFAULT_UPGRADE_DRAIN
     spawn: Annotated[BackendKind, option(
         "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), portable "
         "(ptyprocess and subprocess, any POSIX system) or auto", "KIND")] = "auto"
@@ -143,6 +165,9 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"invalid setting: {exc}") from None
         finally:
             _checking.reset(checking)
+        if self.cgroup == "off" and self.limits.controllers():
+            raise ConfigError("the session limits need a cgroup for each session: not with "
+                              "cgroup off")
         if self.persist and not self.stdio:
             raise ConfigError("persist relays a carrier's stdio: it needs stdio too")
         if self.command is not None and not self.default_argv:
@@ -177,6 +202,12 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def allowed_origins(self) -> frozenset[str]:
         """The other origins whose pages may open the WebSocket, as browsers write them."""
         return frozenset(normal_origin(origin) for origin in self.allow_origin)
+
+    @property
+    def limits(self) -> Limits:
+        """What each session's cgroup may use."""
+        return Limits(self.session_memory_max or None, self.session_pids_max or None,
+                      self.session_cpu_max or None)
 
     @property
     def keeps_detached(self) -> bool:
