@@ -203,7 +203,7 @@ def token_file(directory: Path, token: str) -> Path:
 
 def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
                  expect_lines: int | None = None, env: dict[str, str] | None = None,
-                 expect_browse: int = 0,
+                 expect_browse: int = 0, cwd: Path | None = None,
                  ) -> ServerProcess:
     """Start `ttyserve serve` and wait for its `listening` lines."""
     listen = listen if listen is not None else [f"unix:{tmp_path / 's.sock'}"]
@@ -211,7 +211,8 @@ def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
     stderr_path = tmp_path / f"server-{time.monotonic_ns()}.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                                cwd=cwd)
     server = ServerProcess(proc, stderr_path=stderr_path)
     assert proc.stdout is not None
     wanted = expect_lines if expect_lines is not None else len(listen)

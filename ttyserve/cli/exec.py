@@ -29,6 +29,7 @@ from ..errors import (
     ConnectionLost,
     RemoteProtocolError,
     SessionDetached,
+    TargetFailure,
 )
 from ..exitcodes import ExecExit, exec_exit_code
 from ..protocol.messages import DEFAULT_TERM, STOLEN, members
@@ -311,7 +312,8 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
     except (ConnectionLost, RemoteProtocolError) as exc:
         if opened and options.resume is not None:  # it could not come back in time
             tell(f"{options.target}: lost: {exc}")
-            out.event("error", message=f"lost: {exc}")
+            out.event("error", **{"class": TargetFailure.LOST, "retriable": False,
+                                  "message": f"lost: {exc}"})
             return ExecExit.FAILURE
         return connection_ended(exc, out, opened, session_id)
     raise AssertionError("unreachable")

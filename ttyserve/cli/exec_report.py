@@ -102,15 +102,19 @@ def stopped_before_start(signum: int, out: Output) -> int:
 
 def connection_ended(exc: ConnectionLost | RemoteProtocolError, out: Output, opened: bool,
                      session_id: str | None = None) -> int:
-    """The connection broke or was misused: say what that means for the command."""
+    """The connection broke or was misused: say what that means for the command. Never a
+    success: 255, and once the command may have run, the class `lost`."""
     if session_id is not None:
         say(f"{exc}; the session goes on: ttyserve attach {session_id}")
     elif not opened and isinstance(exc, RemoteProtocolError):
         say(f"{exc}; nothing ran")
         out.event("error", **{"class": TargetFailure.PROTOCOL_ERROR, "retriable": False,
                               "message": str(exc)})
+        return ExecExit.FAILURE
     else:
         say(f"{exc}; the exit status is unknown (the command may have run: not retried)")
+    out.event("error", **{"class": TargetFailure.LOST, "retriable": False,
+                          "message": str(exc)})
     return ExecExit.FAILURE
 
 

@@ -129,7 +129,9 @@ class Server:
             if isinstance(backend, ChildBackend) and backend.containment is not None:
                 maintenance.start_soon(backend.containment.tend)
             async with self.registry.running():
-                if adopt is not None:
+                if adopt is not None:  # before the orphan reaper's first sweep (no checkpoint
+                    # since it was started): a leader that exited during the hand-over is
+                    # its session's to reap, with its status
                     assert isinstance(backend, ChildBackend), "only children are handed over"
                     await self.registry.adopted(adopt.sessions, backend, adopt.from_version)
                 drained = await self._serve(listeners, on_listening, only)

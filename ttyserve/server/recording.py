@@ -155,14 +155,17 @@ class Recording:
         await self._flush()
 
     def handover(self, dry: bool = False) -> RecordingState | None:
-        """What new code in this process needs to go on writing (after `flushed`, with no
-        event since), None when the file failed; the file is its from now on (``dry``:
+        """What new code in this process needs to go on writing (best after `flushed`), None
+        when the file failed; the file is its from now on (``dry``:
         only what that would be)."""
         fd = self._fd
         if fd is None:
             return None
         if not dry:
-            assert not self._pending
+            if self._pending:  # events since `flushed`: a few, written here and now
+                with contextlib.suppress(OSError):
+                    write_all(fd, b"".join(self._pending))
+                self._pending.clear()
             self._fd = None
             self._ended = True
             self._flusher.cancel()

@@ -503,14 +503,15 @@ class SessionRegistry:
     async def until_quiet(self, timeout: float) -> bool:
         """Until `quiet`, with every recording's events written; whether it came in time."""
         with anyio.move_on_after(timeout):
-            while not self.quiet():
-                await anyio.sleep(QUIET_POLL)
-            for session in self.sessions.values():
-                for observer in session.observers:
-                    if isinstance(observer, Recording):
-                        await observer.flushed()
-            if self.quiet():
-                return True
+            while True:
+                while not self.quiet():
+                    await anyio.sleep(QUIET_POLL)
+                for session in self.sessions.values():
+                    for observer in session.observers:
+                        if isinstance(observer, Recording):
+                            await observer.flushed()
+                if self.quiet():  # (and nothing began while the recordings were written)
+                    return True
         return False
 
     def describe(self) -> list[SessionState]:

@@ -1,0 +1,208 @@
+"""Acceptance 3 (section 12): an upgrade in place keeps every detachable session, with the
+new code installed at the server's own path; a broken install is refused by the dry run.
+
+The server runs from a copy of the package (PYTHONPATH), which the test changes in place as
+an operator's install would: a new version, or a syntax error."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import SH, ServerProcess, start_server, wait_until
+
+from ttyserve.client import connect
+from ttyserve.client.session import Lost, Resumed, Session
+from ttyserve.exitcodes import ServeExit
+from ttyserve.server.journal import ServerUpgrade, SessionEnd, SessionStart, read_file
+from ttyserve.version import __version__
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ttyserve"
+NEW_VERSION = "9.9.9+upgraded"
+IDLE_PTY, IDLE_PIPE = 7, 8  # with the 5 below, 20 sessions
+COUNTER = 'i=0; while [ ! -e "$STOP" ]; do echo $i; i=$((i+1)); sleep 0.002; done; exit 5'
+EXITS_WHEN = 'while [ ! -e "$GO" ]; do sleep 0.005; done; sleep {delay}; exit {code}'
+# The second one is told when the old server closes the connections; 60 ms later the new
+# code is still starting (its imports take longer), so it exits where no code watches it:
+# the new code must reap it, and not as an orphan.
+INTO_THE_EXECVE = 0.06
+
+
+@pytest.fixture
+def install(tmp_path: Path) -> Path:
+    """A copy of the package, installed where only this test's server looks."""
+    root = tmp_path / "install"
+    shutil.copytree(PACKAGE, root / "ttyserve", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture
+def served(install: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """`ttyserve serve` from the copy, with a journal (its cwd holds no package of ours)."""
+    server = start_server(short_dir, "--journal", str(short_dir / "journal"), "--linger", "1",
+                          env={"PYTHONPATH": str(install)}, cwd=tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def set_version(install: Path, version: str) -> None:
+    (install / "ttyserve" / "version.py").write_text(f'__version__ = "{version}"\n')
+
+
+def descriptors(pid: int) -> collections.Counter[str]:
+    """The server's open descriptors by kind (`pipe`, `socket`, `anon_inode:[pidfd]`...)."""
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        kinds[target.split(":[")[0] if ":[" in target and "inode" not in target
+              else target] += 1
+    return kinds
+
+
+def journal_of(short_dir: Path) -> list[object]:
+    return list(read_file(str(short_dir / "journal")).records)
+
+
+def upgraded(short_dir: Path) -> list[ServerUpgrade]:
+    return [r for r in journal_of(short_dir) if isinstance(r, ServerUpgrade)]
+
+
+async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
+                                           short_dir: Path, tmp_path: Path) -> None:
+    address = served.addresses[0]
+    env = {"STOP": str(tmp_path / "stop"), "GO": str(tmp_path / "go"),
+           "GO2": str(tmp_path / "go2")}
+    sockets = descriptors(served.pid)["socket"]  # no client connected yet
+    async with connect(address, multiplex=True) as conn:
+        idle = [await conn.spawn(["cat"], pty=True, detachable=True) for _ in range(IDLE_PTY)]
+        idle += [await conn.spawn(["cat"], pty=False, detachable=True) for _ in range(IDLE_PIPE)]
+        counter = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True, env=env)
+        echoes = [await conn.spawn(["cat"], pty=pty, detachable=True) for pty in (True, False)]
+        early = await conn.spawn([SH, "-c", EXITS_WHEN.format(delay=0, code=42)], pty=True,
+                                 detachable=True, env=env)
+        late = await conn.spawn(
+            [SH, "-c", EXITS_WHEN.replace("$GO", "$GO2").format(delay=INTO_THE_EXECVE, code=43)],
+            pty=False, detachable=True, env=env)
+        ids = {s.id: s.pid for s in [*idle, counter, *echoes, early, late]}
+        for session in [*idle, counter, *echoes, early, late]:
+            await session.detach()
+    assert len(ids) == 20 and None not in ids
+    assert await wait_until(lambda: descriptors(served.pid)["socket"] == sockets, 5)
+    quiet = descriptors(served.pid)  # all 20 running, no client connected
+
+    set_version(install, NEW_VERSION)
+    events: list[Lost | Resumed] = []
+
+    def heard(event: Lost | Resumed) -> None:
+        events.append(event)
+        if isinstance(event, Lost):  # the old server is closing or handing over: in the window
+            Path(env["GO2"]).touch()
+
+    async with connect(address, multiplex=True, heartbeat=1, on_resume=heard) as conn:
+        streamed = await conn.attach(str(counter.id), resume=30)
+        attached = [await conn.attach(str(s.id), resume=30) for s in echoes]
+        out = bytearray()
+
+        async def read_counter() -> None:
+            async for chunk in streamed:
+                out.extend(chunk.data)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_counter)
+            assert await wait_until(lambda: out.count(b"\n") > 50, 10)
+            os.kill(served.pid, signal.SIGUSR2)
+            Path(env["GO"]).touch()  # ends during the dry run or the drain
+            assert await wait_until(lambda: bool(upgraded(short_dir)), 30), served.stderr_tail()
+            assert await wait_until(lambda: any(isinstance(e, Resumed) for e in events), 30)
+            lines_then = out.count(b"\n")
+            assert await wait_until(lambda: out.count(b"\n") > lines_then + 50, 10)
+            Path(env["STOP"]).touch()
+        assert (await streamed.wait()).code == 5
+        numbers = out.decode().split()
+        assert numbers == [str(i) for i in range(len(numbers))]  # each once, in order
+        for session in attached:  # input after the upgrade reaches the process, once
+            await session.send(b"after\n")
+            seen = b""
+            while b"after" not in seen.replace(b"\r", b""):
+                chunk = await session.receive()
+                assert chunk is not None
+                seen += chunk.data
+            await session.detach()
+    assert {type(e) for e in events} == {Lost, Resumed}
+    assert served.proc.poll() is None  # the same process all along
+    # Nothing leaked across the execve: what the server holds is what it held before, but
+    # for the three sessions that ended (two on pipes, one on a terminal; each had a pidfd).
+    ended = collections.Counter({"pipe": 6, "/dev/ptmx": 1, "anon_inode:[pidfd]": 3})
+    expected = quiet - ended
+    assert await wait_until(lambda: descriptors(served.pid) == expected, 5), (
+        f"more: {descriptors(served.pid) - expected}, fewer: {expected - descriptors(served.pid)}")
+
+    async with connect(address, multiplex=True) as conn:
+        listed = {info.session: info for info in await conn.list_sessions()}
+        assert {i: info.pid for i, info in listed.items()} == {
+            i: pid for i, pid in ids.items() if i != counter.id}
+        for ended, code in ((early, 42), (late, 43)):
+            session: Session = await conn.attach(str(ended.id))
+            with anyio.fail_after(10):  # (its exit comes at once, or never)
+                assert (await session.wait()).code == code
+    assert served.stop() == ServeExit.OK
+
+    records = journal_of(short_dir)
+    [upgrade] = [r for r in records if isinstance(r, ServerUpgrade)]
+    assert (upgrade.from_version, upgrade.to_version, upgrade.sessions) == (
+        __version__, NEW_VERSION, 20)
+    starts = collections.Counter(r.id for r in records if isinstance(r, SessionStart))
+    ends = collections.Counter(r.id for r in records if isinstance(r, SessionEnd))
+    assert starts == ends == collections.Counter(ids.keys())
+
+
+def dry_runs(server: ServerProcess) -> list[int]:
+    """The server's children that run what it runs: the dry run of an upgrade."""
+    command = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            same = Path(f"/proc/{entry}/cmdline").read_bytes() == command
+        except OSError:
+            continue
+        if same and int(stat[stat.rindex(")") + 2:].split()[1]) == server.pid:
+            found.append(int(entry))
+    return found
+
+
+async def test_a_broken_install_is_refused_by_the_dry_run(
+        served: ServerProcess, install: Path, short_dir: Path) -> None:
+    """A syntax error in a module the server has not even imported yet (the web listeners'):
+    the dry run imports every module, fails, and nothing changes."""
+    http = install / "ttyserve" / "web" / "http.py"
+    async with connect(served.addresses[0]) as conn:
+        session = await conn.spawn(["cat"], pty=False, detachable=True)
+        http.write_text(http.read_text() + "\ndef broken(:\n")
+        set_version(install, NEW_VERSION)
+        os.kill(served.pid, signal.SIGUSR2)
+        assert await wait_until(lambda: bool(dry_runs(served)), 10, interval=0.002)
+        assert await wait_until(lambda: not dry_runs(served), 30), served.stderr_tail()
+        # The same connection, the same session: nothing was closed or handed over.
+        await session.send(b"still here\n")
+        chunk = await session.receive()
+        assert chunk is not None and chunk.data == b"still here\n"
+        await session.eof()
+        assert (await session.wait()).code == 0
+    assert upgraded(short_dir) == [], served.stderr_tail()
+    assert served.proc.poll() is None
