@@ -32,9 +32,11 @@ from .stats import Summary, cell, render_table
 from .systems import (
     NotApplicable,
     PdshSystem,
+    RawCgroupSystem,
     RawSystem,
     System,
     TtyserveLibSystem,
+    TtyserveNoCgroupSystem,
     TtyserveResumeSystem,
     TtyserveSystem,
     TtyserveWsSystem,
@@ -93,7 +95,8 @@ def make_systems(names: list[str], workdir: str) -> list[System]:
         "raw": RawSystem, "ttyserve": TtyserveSystem, "ttyserve-lib": TtyserveLibSystem,
         "ttyserve-ws": TtyserveWsSystem, "ttyserve-resume": TtyserveResumeSystem,
         "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
-        "pdsh": PdshSystem,
+        "pdsh": PdshSystem, "raw-cgroup": RawCgroupSystem,
+        "ttyserve-nocg": TtyserveNoCgroupSystem,
     }
     return [factories[name](workdir) for name in names]
 

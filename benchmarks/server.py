@@ -85,8 +85,9 @@ def _tail(path: Path, lines: int = 8) -> str:
 class TtyserveServer:
     """One `ttyserve serve` on a Unix socket in a temp dir and on 127.0.0.1:0."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, extra: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
+        self.extra = extra  # more flags for `serve`
         self.process: subprocess.Popen[bytes] | None = None
         self.dir: Path | None = None
         self.addresses: dict[str, str] = {}
@@ -123,7 +124,7 @@ class TtyserveServer:
                 args += [flag, str(LIMIT)]
         if "--shutdown-timeout" in flags:
             args += ["--shutdown-timeout", "5"]
-        return args
+        return args + list(self.extra)
 
     def start(self) -> None:
         """Start the server and wait for its `listening` lines."""

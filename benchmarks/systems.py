@@ -300,9 +300,10 @@ class TtyserveSystem(System):
 
     name = "ttyserve"
     transports = ("unix", "tcp")
+    serve_extra: tuple[str, ...] = ()  # more flags for `serve`
 
     def __init__(self, workdir: str) -> None:
-        self.server = TtyserveServer(workdir)
+        self.server = TtyserveServer(workdir, self.serve_extra)
 
     def start(self) -> None:
         self.server.start()
@@ -661,6 +662,68 @@ class TtyserveWsSystem(TtyserveLibSystem):
         if "--allow-origin" not in serve_flags():
             return "this ttyserve has no ws: listener"
         return None
+
+
+class RawCgroupSystem(RawSystem):
+    """raw's bare posix_spawn, entered into a cgroup of its own as the server does it (a
+    mkdir, the spawner moved in and back out around the spawn; an rmdir once reaped): the
+    cost of containment at the machine's limit."""
+
+    name = "raw-cgroup"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self._containment: Any = None
+
+    def unavailable(self) -> str | None:
+        try:
+            from ttyserve.backends.cgroups import own_cgroup
+        except ImportError:
+            return "this ttyserve has no containment"
+        own = own_cgroup()
+        if own is None or not os.access(own, os.W_OK):
+            return "no writable cgroup v2 here (containment needs root or a delegated cgroup)"
+        return None
+
+    def start(self) -> None:
+        from ttyserve.backends.cgroups import Limits, open_containment
+
+        self._containment = open_containment("auto", Limits())
+
+    def stop(self) -> None:
+        if self._containment is not None:
+            self._containment.close()
+            self._containment = None
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        containment = self._containment
+        path = procs.session_env().get("PATH", os.defpath)
+        executable = next((os.path.join(d, argv[0]) for d in path.split(os.pathsep)
+                           if os.access(os.path.join(d, argv[0]), os.X_OK)), argv[0])
+        env = procs.session_env()
+        latencies: list[float] = []
+        start = now()
+        for index in range(count):
+            begin = now()
+            cgroup = containment.create(str(index))
+            with containment.entered(cgroup):
+                pid = os.posix_spawn(executable, argv, env)
+            status = procs.wait_status(pid)
+            cgroup.removed()
+            latencies.append(now() - begin)
+            if status != 0:
+                raise RuntimeError(f"{argv[0]} exited {status}")
+        return SessionRun(latencies, now() - start)
+
+
+class TtyserveNoCgroupSystem(TtyserveSystem):
+    """The same server with containment off (`--cgroup off`): what containment costs."""
+
+    name = "ttyserve-nocg"
+    serve_extra = ("--cgroup", "off")
+
+    def unavailable(self) -> str | None:
+        return None if "--cgroup" in serve_flags() else "this ttyserve has no --cgroup"
 
 
 class PdshSystem(System):

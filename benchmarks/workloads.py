@@ -390,7 +390,8 @@ def measure_resume(system: System, ctx: Context) -> dict[str, float]:
 
 
 PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
-ALL_SYSTEMS = (*PEERS, "ttyserve-resume")  # (the last compared only with ttyserve-lib)
+ALL_SYSTEMS = (*PEERS, "ttyserve-resume",  # (compared only with ttyserve-lib)
+               "raw-cgroup", "ttyserve-nocg")  # (containment's cost: with raw and ttyserve)
 
 WORKLOADS = [
     Workload(
@@ -489,6 +490,14 @@ WORKLOADS = [
         [Target("first_byte_ms", "<", 200, system="ttyserve-resume")],
         ("ttyserve-resume",), measure_resume),
 ]
+
+WORKLOADS.append(Workload(
+    "containment", "Containment's cost: sequential `true` sessions with --cgroup auto (ttyserve) "
+                   "and off (ttyserve-nocg); a bare spawn entering a cgroup (raw-cgroup) and not",
+    [Metric("rate_unix", "sessions/s unix", True), Metric("p50_ms_unix", "p50 ms unix"),
+     Metric("rate_mux", "sessions/s, one multiplexed unix connection", True)],
+    [Target("rate_unix", ">=", 0.8, "ttyserve-nocg", system="ttyserve")],
+    ("raw", "raw-cgroup", "ttyserve", "ttyserve-nocg"), measure_session_rate))
 
 BY_NAME = {workload.name: workload for workload in WORKLOADS}
 

@@ -41,6 +41,8 @@ class FaultProxy:
     cut_before: str | None = None  # a control message's type ("exit" from the server,
     # "eof" from the client): the first one is dropped, and the connection cut instead
     cut_after: bytes | None = None  # cut right after forwarding a read that carries these
+    seen_after: bytes | None = None  # only say so (`wait_fault`) once a read carrying these
+    # was forwarded, and go on: the test then does what it likes
     max_connections: int | None = None  # beyond these, connections are closed at once
     hold_upgrades: anyio.Event | None = None  # WebSocket upgrades wait for it to be set
     faults: list[str] = field(default_factory=list)  # what was done, in order
@@ -82,7 +84,8 @@ class FaultProxy:
         await self.wait_fault()
 
     async def wait_fault(self) -> None:
-        """Until the planned fault (`planned`, `cut_before`, `cut_after`) was done."""
+        """Until the planned fault (`planned`, `cut_before`, `cut_after`) was done, or what
+        `seen_after` waits for went through."""
         await self._fault_done.wait()
         self._fault_done = anyio.Event()
 
@@ -131,6 +134,12 @@ class FaultProxy:
                 self.cut()
                 return
             if down:
+                if self.seen_after is not None and self.seen_after in data:
+                    self.seen_after = None
+                    self.downstream += len(data)
+                    await self._send(sink, data)
+                    self._fault_done.set()
+                    continue
                 if self.cut_after is not None and self.cut_after in data:
                     self.cut_after = None
                     self.downstream += len(data)

@@ -188,6 +188,8 @@ class SessionCgroup:
 
     def oom_killed(self) -> bool:
         """Whether the memory limit killed a process here (memory.events `oom_kill`)."""
+        if self._containment.limits.memory_max is None:
+            return False
         try:
             text = _read(os.path.join(self.path, "memory.events"))
         except OSError:
@@ -197,6 +199,17 @@ class SessionCgroup:
             if key == "oom_kill":
                 return value.strip() != "0"
         return False
+
+    def removed(self) -> bool:
+        """Remove the directory if nothing is left in it (the common end: one rmdir); whether
+        it is gone."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:  # EBUSY: populated, or holding cgroups of its own
+            return False
+        return True
 
     def remove(self) -> None:
         """Remove the directory; one still populated (leftovers left, or not dead yet) is
@@ -349,10 +362,19 @@ def open_containment(setting: str, limits: Limits) -> Containment:
     if name is None:
         raise Unavailable("/proc does not give this server's start time")
     root = os.path.join(base, name)
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as exc:
-        raise Unavailable(f"cannot create {root}: {exc.strerror}") from None
+    for attempt in range(3):
+        try:
+            os.makedirs(root, exist_ok=True)
+            break
+        except FileNotFoundError:  # another server removed the base as it left: again
+            if attempt == 2:
+                raise Unavailable(f"cannot create {root}: the base keeps vanishing") from None
+        except OSError as exc:
+            raise Unavailable(f"cannot create {root}: {exc.strerror}") from None
+    if not os.path.exists(os.path.join(root, "cgroup.kill")):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
+        raise Unavailable("this kernel has no cgroup.kill (Linux 5.14 or later is needed)")
     home = own or own_cgroup()
     if home is None:
         raise Unavailable("this server is in no cgroup v2")

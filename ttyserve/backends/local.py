@@ -302,6 +302,10 @@ class LocalProcess:
         cgroup = self.cgroup
         if cgroup is None:
             return True
+        oom = cgroup.oom_killed()
+        if cgroup.removed():  # nothing was left: the common end, one rmdir
+            self.cgroup, self.leftovers, self.oom = None, 0, oom
+            return True
         if kill and cgroup.populated():
             return False
         self._cgroup_done(cgroup, 0)

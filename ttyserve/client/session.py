@@ -20,6 +20,7 @@ from ..errors import (
     ConnectionLost,
     LocalProtocolError,
     RemoteProtocolError,
+    RequestError,
     SessionCancelled,
     SessionDetached,
 )
@@ -345,6 +346,11 @@ class Session:
             await self._queue(event.error)
         elif isinstance(event, ConnectionEnded):
             self._lost = event.error  # raised once what was received is taken
+            if self._answered.is_set() and isinstance(event.error, RequestError):
+                # The server ended the whole connection (`server_restarting` on channel 0)
+                # after the session began: for the session, the connection was lost.
+                self._lost = ConnectionLost(f"the server closed the connection: {event.error}")
+                self._lost.__cause__ = event.error
             if not self._answered.is_set():
                 self._refusal = event.error
                 self._answered.set()

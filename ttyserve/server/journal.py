@@ -294,7 +294,11 @@ def _kill_cgroups(directories: list[str], grace: float) -> None:
     """Kill what crashed sessions left in their cgroups, and remove the cgroups once empty
     (one that is not, within ``grace``, is left for the next start)."""
     for directory in directories:
-        kill_tree(directory)
+        try:
+            kill_tree(directory)
+        except OSError as exc:
+            log.warning("cannot kill what a crashed session left in %s: %s", directory,
+                        exc.strerror)
     deadline = time.monotonic() + grace
     for directory in directories:
         while populated(directory) and time.monotonic() < deadline:
