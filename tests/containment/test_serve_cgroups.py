@@ -4,6 +4,7 @@ the real `ttyserve serve` and real cgroups."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -146,3 +147,31 @@ async def test_the_next_start_kills_and_removes_what_a_killed_server_left(
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     del pid
+
+
+async def test_auto_without_cgroup_v2_says_so_once_and_serves(short_dir: Path) -> None:
+    """In a mount namespace with no cgroup v2 mounted (a real one: unshare, umount), `auto`
+    prints its one line on stderr and serves, sessions in no cgroup of ours."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root with unshare (util-linux) is not installed here: a mount namespace "
+                    "is needed to hide cgroup v2")
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    points = [line.split()[4] for line in mounts if " - cgroup2 " in line]
+    umount = "; ".join(f"umount -l {point}" for point in points)
+    argv = ["unshare", "--mount", "sh", "-c", f'{umount}; exec "$@"', "sh",
+            *ttyserve_command("serve", f"--listen=unix:{short_dir / 's.sock'}")]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # `listening ...`: it serves
+        assert line.startswith(b"listening "), process.stderr.read() if process.stderr else ""
+        async with connect(f"unix:{short_dir / 's.sock'}") as conn:
+            session = await conn.spawn(["true"], pty=False)
+            assert (await session.wait()).code == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    assert process.returncode == ServeExit.OK, err
+    said = [line for line in err.decode().splitlines() if "containment is off" in line]
+    assert len(said) == 1 and "no cgroup v2" in said[0], err

@@ -7,6 +7,7 @@ an operator's install would: a new version, or a syntax error."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -48,6 +49,7 @@ def install(tmp_path: Path) -> Path:
 def served(install: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     """`ttyserve serve` from the copy, with a journal (its cwd holds no package of ours)."""
     server = start_server(short_dir, "--journal", str(short_dir / "journal"), "--linger", "1",
+                          "--record", str(short_dir / "casts"),
                           env={"PYTHONPATH": str(install)}, cwd=tmp_path)
     try:
         yield server
@@ -144,8 +146,10 @@ async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
     assert {type(e) for e in events} == {Lost, Resumed}
     assert served.proc.poll() is None  # the same process all along
     # Nothing leaked across the execve: what the server holds is what it held before, but
-    # for the three sessions that ended (two on pipes, one on a terminal; each had a pidfd).
-    ended = collections.Counter({"pipe": 6, "/dev/ptmx": 1, "anon_inode:[pidfd]": 3})
+    # for the three sessions that ended (two on pipes, one on a terminal and recorded; each
+    # had a pidfd).
+    ended = collections.Counter({"pipe": 6, "/dev/ptmx": 1, "anon_inode:[pidfd]": 3,
+                                 str(short_dir / "casts" / f"{early.id}.cast"): 1})
     expected = quiet - ended
     assert await wait_until(lambda: descriptors(served.pid) == expected, 5), (
         f"more: {descriptors(served.pid) - expected}, fewer: {expected - descriptors(served.pid)}")
@@ -167,6 +171,12 @@ async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
     starts = collections.Counter(r.id for r in records if isinstance(r, SessionStart))
     ends = collections.Counter(r.id for r in records if isinstance(r, SessionEnd))
     assert starts == ends == collections.Counter(ids.keys())
+    # The recording went on in the new code: one file, output from after the upgrade, and
+    # the exit as its last event.
+    cast = (short_dir / "casts" / f"{echoes[0].id}.cast").read_text().splitlines()
+    events = [json.loads(line) for line in cast[1:]]
+    assert "after" in "".join(e[2] for e in events if e[1] == "o")
+    assert events[-1][1] == "x" and json.loads(cast[0])["version"] == 3
 
 
 def dry_runs(server: ServerProcess) -> list[int]:

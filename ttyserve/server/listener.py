@@ -197,6 +197,9 @@ class Server:
             if not await registry.until_quiet(timeout):
                 log.error("upgrade abandoned: sessions still ending after %g s", timeout)
                 return
+            if self.stopping:  # a SIGTERM meanwhile: the shutdown wins
+                log.info("upgrade abandoned: shutting down")
+                return
             execute()  # returns only when it failed (and said why)
         finally:
             registry.restarting = False

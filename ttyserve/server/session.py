@@ -332,8 +332,8 @@ class ServerSession:
     def in_transition(self) -> bool:
         """Whether it is being ended, or is over but not yet let go (its end record, its
         leftovers): an upgrade waits for that to finish."""
-        return (self.ending is not None or self._settling
-                or (self.output_over and not self.released))
+        return not self.released and (
+            self.ending is not None or self._settling or self.output_over)
 
     def handover(self, dry: bool = False) -> SessionState:
         """What new code in this process needs to go on with this detached session (an upgrade
