@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import os
 import resource
 import shlex
@@ -245,12 +246,19 @@ class RawSystem(System):
         start = now()
         for _ in range(count):
             begin = now()
-            pid = os.posix_spawn(executable, argv, env)
+            pid = self._spawn(executable, argv, env)
             status = procs.wait_status(pid)
+            self._reaped()
             latencies.append(now() - begin)
             if status != 0:
                 raise RuntimeError(f"{argv[0]} exited {status}")
         return SessionRun(latencies, now() - start)
+
+    def _spawn(self, executable: str, argv: list[str], env: dict[str, str]) -> int:
+        return os.posix_spawn(executable, argv, env)
+
+    def _reaped(self) -> None:
+        """The child of the last `_spawn` was reaped."""
 
     def scale(self, argv: list[str], count: int, rounds: int, probe: Probe,
               transport: str) -> ScaleRun:
@@ -674,6 +682,8 @@ class RawCgroupSystem(RawSystem):
     def __init__(self, workdir: str) -> None:
         super().__init__(workdir)
         self._containment: Any = None
+        self._cgroup: Any = None  # the last child's
+        self._names = itertools.count()
 
     def unavailable(self) -> str | None:
         try:
@@ -695,25 +705,13 @@ class RawCgroupSystem(RawSystem):
             self._containment.close()
             self._containment = None
 
-    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
-        containment = self._containment
-        path = procs.session_env().get("PATH", os.defpath)
-        executable = next((os.path.join(d, argv[0]) for d in path.split(os.pathsep)
-                           if os.access(os.path.join(d, argv[0]), os.X_OK)), argv[0])
-        env = procs.session_env()
-        latencies: list[float] = []
-        start = now()
-        for index in range(count):
-            begin = now()
-            cgroup = containment.create(str(index))
-            with containment.entered(cgroup):
-                pid = os.posix_spawn(executable, argv, env)
-            status = procs.wait_status(pid)
-            cgroup.removed()
-            latencies.append(now() - begin)
-            if status != 0:
-                raise RuntimeError(f"{argv[0]} exited {status}")
-        return SessionRun(latencies, now() - start)
+    def _spawn(self, executable: str, argv: list[str], env: dict[str, str]) -> int:
+        self._cgroup = self._containment.create(str(next(self._names)))
+        with self._containment.entered(self._cgroup):
+            return os.posix_spawn(executable, argv, env)
+
+    def _reaped(self) -> None:
+        self._cgroup.removed()
 
 
 class TtyserveNoCgroupSystem(TtyserveSystem):

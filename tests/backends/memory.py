@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ttyserve.backends.base import ProcessSpec, StreamInput, StreamSource
+from ttyserve.backends.base import ProcessSpec, StreamInput, StreamSource, Uncontained
 from ttyserve.defaults import KILL_GRACE
 from ttyserve.errors import SpawnError
 from ttyserve.exitcodes import exit_from_wait_error, exit_from_wait_status
@@ -100,7 +100,7 @@ class ProgramIO:
 Program = Callable[[ProgramIO], Awaitable["int | Exit"]]
 
 
-class MemoryProcess:
+class MemoryProcess(Uncontained):
     """One running program; a `ProcessHandle` with no OS process under it."""
 
     def __init__(self, spec: ProcessSpec, env: dict[str, str], cwd: str, grace: float) -> None:
@@ -169,19 +169,6 @@ class MemoryProcess:
         self.send_signal(signal.SIGHUP)
         self.send_signal(signal.SIGCONT)
         return running
-
-    cgroup_path: str | None = None  # no cgroup: nothing is contained
-    leftovers: int | None = None
-    oom = False
-
-    def settle_nowait(self, kill: bool) -> bool:
-        return True
-
-    def handover(self, dry: bool = False) -> None:
-        raise NotImplementedError("a test double cannot be handed over")
-
-    async def settle(self, kill: bool = True) -> None:
-        return None
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None  # no descriptor: the session awaits `wait`

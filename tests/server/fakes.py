@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ttyserve.backends.base import ProcessSpec
+from ttyserve.backends.base import ProcessSpec, Uncontained
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind
 from ttyserve.protocol.messages import (
     Attached,
@@ -80,7 +80,7 @@ class FakeSource:
         return self.watcher  # type: ignore[return-value]  # a Watch in all but its loop
 
 
-class FakeProcess:
+class FakeProcess(Uncontained):
     """A `ProcessHandle` that runs nothing: the test says when it ends."""
 
     def __init__(self, pty: bool = False, pid: int = 4242, watchable: bool = False) -> None:
@@ -114,19 +114,6 @@ class FakeProcess:
     def hang_up(self) -> bool:
         self.hung_up += 1
         return self.status is None
-
-    cgroup_path: str | None = None  # no cgroup: nothing is contained
-    leftovers: int | None = None
-    oom = False
-
-    def settle_nowait(self, kill: bool) -> bool:
-        return True
-
-    def handover(self, dry: bool = False) -> None:
-        raise NotImplementedError("a test double cannot be handed over")
-
-    async def settle(self, kill: bool = True) -> None:
-        return None
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None  # the test says when it was reaped

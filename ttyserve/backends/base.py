@@ -297,6 +297,24 @@ class StreamSource:
         return None  # a stream has no descriptor to watch
 
 
+class Uncontained:
+    """The containment and hand-over members of a `ProcessHandle` whose backend has no
+    cgroups and cannot hand its processes to new code (a remote host, a test double)."""
+
+    cgroup_path: str | None = None
+    leftovers: int | None = None
+    oom = False
+
+    def settle_nowait(self, kill: bool) -> bool:
+        return True
+
+    async def settle(self, kill: bool = True) -> None:
+        return None
+
+    def handover(self, dry: bool = False) -> ChildState:
+        raise NotImplementedError("this process cannot be handed over")
+
+
 class StreamInput:
     """The input side of a process over a stream: the awaited path only.
 

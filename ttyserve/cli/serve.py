@@ -109,8 +109,8 @@ def contain(config: ServerSettings) -> Containment | None:
         return None
     kept = sweep_dead_servers(os.path.dirname(containment.root))
     if kept:
-        log.info("%d session cgroup(s) of servers that are gone still hold processes: "
-                    "left as they are, under %s", kept, os.path.dirname(containment.root))
+        log.info("%d session cgroup(s) of servers that are gone still hold processes: left "
+                 "as they are, under %s", kept, os.path.dirname(containment.root))
     return containment
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import anyio
 import msgspec
 
-from ..backends.base import ChildState
+from ..backends.base import ChildState, Uncontained
 from ..protocol.messages import Exit
 from ..transport.readiness import Watch
 
@@ -203,14 +203,11 @@ class _Over:
         return None
 
 
-class ExitedProcess:
+class ExitedProcess(Uncontained):
     """The process of a session handed over once it was over (its exit waits for a client):
     reaped, its descriptors closed; every request is a no-op."""
 
     stderr = None
-    cgroup_path = None
-    leftovers = None
-    oom = False
 
     def __init__(self, pid: int, status: Exit) -> None:
         self.pid = pid
@@ -234,15 +231,6 @@ class ExitedProcess:
 
     def hang_up(self) -> bool:
         return False
-
-    def settle_nowait(self, kill: bool) -> bool:
-        return True
-
-    async def settle(self, kill: bool = True) -> None:
-        return None
-
-    def handover(self, dry: bool = False) -> ChildState:
-        raise NotImplementedError("the process is over: nothing to hand over")
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None
