@@ -253,6 +253,28 @@ async def test_a_cut_websocket_resumes_with_every_number_on_screen_once(
         assert proxy.faults == ["cut"]
 
 
+async def test_an_upgrade_in_place_is_a_short_reconnect_and_nothing_on_screen(
+        short_dir: Path) -> None:
+    """SIGUSR2 (section 12): the page's connection gets `server_restarting` and is closed; it
+    reattaches to the same shell at its offsets, every number once, and the screen shows
+    nothing of the restart (a full-screen program's would be spoilt)."""
+    async with page(short_dir) as (browser, server):
+        await run_line(browser, "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo n$i; "
+                                "sleep 0.01; done; echo count-done")
+        await screen_has(browser, r"(?m)^n40$")
+        session = await browser.evaluate("ttyserve.session.id")
+        os.kill(server.pid, signal.SIGUSR2)
+        await browser.wait_for("document.title.endsWith('reconnecting')", timeout=15)
+        await browser.wait_for(f"document.title.endsWith('running') && "
+                               f"ttyserve.session.id === {session!r}", timeout=30)
+        await screen_has(browser, r"(?m)^count-done$", timeout=30)
+        text = await browser.screen_text(last=1000)
+        numbers = [int(n) for n in re.findall(r"(?m)^n(\d+)$", text)]
+        assert numbers == list(range(1, 301)), numbers
+        assert "server_restarting" not in text
+        assert server.proc.poll() is None  # the same server process
+
+
 async def test_keys_typed_before_the_session_and_while_it_reconnects_arrive_whole(
         short_dir: Path) -> None:
     async with page_through_proxy(short_dir) as (browser, proxy, url):

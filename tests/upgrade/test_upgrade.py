@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,3 +217,40 @@ async def test_a_broken_install_is_refused_by_the_dry_run(
         assert (await session.wait()).code == 0
     assert upgraded(short_dir) == [], served.stderr_tail()
     assert served.proc.poll() is None
+
+
+async def test_the_new_code_reads_the_configuration_anew(short_dir: Path, tmp_path: Path,
+                                                         ) -> None:
+    """The configuration file changed before SIGUSR2: a listener it no longer names is
+    closed (its socket file and lease gone), one it adds that cannot be bound (its port is
+    taken) is left out with a line, and the session on the listener kept goes on."""
+    kept, dropped = short_dir / "a.sock", short_dir / "b.sock"
+    journal = short_dir / "journal"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    config = tmp_path / "ttyserve.toml"
+    config.write_text(f'listen = ["unix:{kept}", "unix:{dropped}"]\njournal = "{journal}"\n'
+                      'insecure = true\n')
+    server = start_server(short_dir, "--config", str(config), listen=[], expect_lines=2)
+    try:
+        async with connect(f"unix:{kept}") as conn:
+            session = await conn.spawn(["cat"], pty=False, detachable=True)
+            await session.detach()
+        config.write_text(f'listen = ["unix:{kept}", "tcp:127.0.0.1:{port}"]\n'
+                          f'journal = "{journal}"\ninsecure = true\n')
+        os.kill(server.pid, signal.SIGUSR2)
+        assert await wait_until(lambda: bool(upgraded(short_dir)), 30), server.stderr_tail()
+        assert not dropped.exists() and not Path(f"{dropped}.lock").exists()
+        async with connect(f"unix:{kept}") as conn:
+            again = await conn.attach(str(session.id))
+            await again.send(b"still here\n")
+            chunk = await again.receive()
+            assert chunk is not None and chunk.data == b"still here\n"
+            await again.eof()
+            assert (await again.wait()).code == 0
+        assert server.proc.poll() is None
+    finally:
+        assert server.stop() == ServeExit.OK
+        taken.close()

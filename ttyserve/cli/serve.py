@@ -155,13 +155,22 @@ def _checked(config: ServerSettings, handed: HandoverState | None,
     return addresses, token, generated, server_tls(config, addresses)
 
 
-def _bind(addresses: list[Address], leases: list[SocketLease],
+def _bind(addresses: list[Address], leases: list[SocketLease], *, upgraded: bool = False,
           ) -> list[tuple[Address, Address, socket.socket]]:
-    """Each address bound: (as asked, as bound, the socket)."""
+    """Each address bound: (as asked, as bound, the socket). After an upgrade an address the
+    new configuration added that cannot be bound is left out, logged: the sessions the
+    server kept matter more than a new listener."""
     bound = []
     try:
         for address in addresses:
-            bound += [(address, real, sock) for real, sock in open_listeners([address], leases)]
+            try:
+                opened = open_listeners([address], leases)
+            except (ListenError, LeaseError) as exc:
+                if not upgraded:
+                    raise
+                log.error("upgrade: %s; serving on without it", exc)
+                continue
+            bound += [(address, real, sock) for real, sock in opened]
     except BaseException:
         for _, _, sock in bound:
             sock.close()
@@ -214,7 +223,7 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
                 unbound = addresses
             if containment is None:
                 containment = contain(config)
-            listeners += _bind(unbound, leases)
+            listeners += _bind(unbound, leases, upgraded=handed is not None)
         except (LeaseError, ListenError, OSError, ConfigError) as exc:
             for _, _, sock in listeners:
                 sock.close()

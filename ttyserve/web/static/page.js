@@ -135,7 +135,10 @@ function connect(stored) {
       resolve(after ? "lost-after" : "lost");
     });
     connection.addEventListener("error", (event) => {
-      term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
+      // One that may pass (server_restarting: an upgrade; shutting_down) goes to the title: the
+      // page reconnects, and the screen, a full-screen program's too, stays as it was.
+      if (event.detail.retriable) show(`${event.detail.code}: reconnecting`);
+      else term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
     });
   });
 }
