@@ -77,6 +77,12 @@ async def test_fork_bomb_is_held_at_the_pids_limit_or_serve_names_the_controller
         assert server.stop() == ServeExit.OK
 
 
+async def test_a_pids_limit_below_the_servers_own_threads_is_refused(short_dir: Path) -> None:
+    code, stderr = serve_fails(short_dir, "--session-pids-max=32")
+    assert code == ServeExit.CONFIG
+    assert "at least 64" in stderr, stderr
+
+
 async def test_a_directory_that_is_no_cgroup_is_refused(short_dir: Path) -> None:
     code, stderr = serve_fails(short_dir, f"--cgroup={short_dir}")
     assert code == ServeExit.CONFIG
@@ -84,7 +90,7 @@ async def test_a_directory_that_is_no_cgroup_is_refused(short_dir: Path) -> None
 
 
 async def test_limits_without_containment_are_refused(short_dir: Path) -> None:
-    code, stderr = serve_fails(short_dir, "--cgroup=off", "--session-pids-max=10")
+    code, stderr = serve_fails(short_dir, "--cgroup=off", "--session-pids-max=100")
     assert code == ServeExit.CONFIG
     assert "cgroup off" in stderr, stderr
 

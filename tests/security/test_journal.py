@@ -254,6 +254,10 @@ async def test_a_server_killed_right_after_opened_leaves_no_session_without_its_
         assert pids, "no session opened before the kill"
         seen += pids
     server = start_server(short_dir, "--journal", str(journal))  # recovers, then serves
+    # With containment, even a process spawned just before a kill, whose start record never
+    # reached the disk, is found by its cgroup: every killed server's directory is gone.
+    servers = {os.path.dirname(s.cgroup) for s in starts(journal) if s.cgroup is not None}
+    assert [d for d in servers if os.path.exists(d)] == []
     assert server.stop() == ServeExit.OK
     recorded = {s.pid: s.id for s in starts(journal)}
     assert set(seen) <= set(recorded), "an opened session has no start record"

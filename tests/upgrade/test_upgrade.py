@@ -7,6 +7,7 @@ an operator's install would: a new version, or a syntax error."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from helpers import SH, ServerProcess, start_server, wait_until
 from ttyserve.client import connect
 from ttyserve.client.session import Lost, Resumed, Session
 from ttyserve.exitcodes import ServeExit
+from ttyserve.server.handover import MEMFD_NAME
 from ttyserve.server.journal import ServerUpgrade, SessionEnd, SessionStart, read_file
 from ttyserve.version import __version__
 
@@ -254,3 +256,36 @@ async def test_the_new_code_reads_the_configuration_anew(short_dir: Path, tmp_pa
     finally:
         assert server.stop() == ServeExit.OK
         taken.close()
+
+
+def handing_over(pid: int) -> bool:
+    """Whether the server holds the hand-over's state: from just before its execve until
+    the new code has read it (while the new interpreter starts)."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if MEMFD_NAME in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    return True
+    return False
+
+
+async def test_a_signal_while_the_new_code_starts_waits_for_it(
+        served: ServerProcess, short_dir: Path) -> None:
+    """SIGUSR2 again once the hand-over began (after the dry run: its child has come and
+    gone): the signal is held across the execve and the new code upgrades once more, where
+    it would have killed the server, and every session with it."""
+    async with connect(served.addresses[0]) as conn:
+        session = await conn.spawn(["cat"], pty=False, detachable=True)
+        await session.detach()
+    os.kill(served.pid, signal.SIGUSR2)
+    assert await wait_until(lambda: bool(dry_runs(served)), 10, interval=0.002)
+    assert await wait_until(lambda: not dry_runs(served), 30)
+    assert await wait_until(lambda: handing_over(served.pid), 30, interval=0.001)
+    os.kill(served.pid, signal.SIGUSR2)
+    assert await wait_until(lambda: len(upgraded(short_dir)) == 2, 20), served.stderr_tail()
+    assert served.proc.poll() is None
+    async with connect(served.addresses[0]) as conn:
+        again = await conn.attach(str(session.id))
+        await again.send(b"twice\n")
+        chunk = await again.receive()
+        assert chunk is not None and chunk.data == b"twice\n"

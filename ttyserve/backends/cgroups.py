@@ -40,6 +40,9 @@ EMPTY_POLL_FIRST = 0.001  # seconds: how a wait for an empty cgroup polls, doubl
 EMPTY_POLL_MAX = 0.05  # ...up to this
 LEFT_SWEEP = 1.0  # seconds between looks at cgroups whose leftovers were left running
 _INSTANCE = re.compile(r"(\d+)-(\d+)")  # a server's directory: PID-STARTTIME
+# The server's threads count toward a session's pids.max while it spawns in its cgroup (up
+# to anyio's 40 worker threads): a lower limit would refuse spawns now and then.
+MIN_PIDS_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +285,13 @@ def instance_name(pid: int | None = None) -> str | None:
     return None if started is None else f"{pid}-{started}"
 
 
+def server_gone(directory: str) -> bool:
+    """Whether ``directory`` is the directory of a server (PID-STARTTIME) that is gone."""
+    match = _INSTANCE.fullmatch(os.path.basename(directory))
+    return (match is not None and os.path.isdir(directory)
+            and process_start_time(int(match[1])) != int(match[2]))
+
+
 def sweep_dead_servers(base: str) -> int:
     """Remove what servers that are gone left under ``base``: their empty cgroups. A
     populated one (leftovers left running, or sessions of a server that died without a
@@ -292,12 +302,9 @@ def sweep_dead_servers(base: str) -> int:
     except OSError:
         return 0
     for name in names:
-        match = _INSTANCE.fullmatch(name)
         path = os.path.join(base, name)
-        if match is None or not os.path.isdir(path):
+        if not server_gone(path):
             continue
-        if process_start_time(int(match[1])) == int(match[2]):
-            continue  # that server lives
         for child in os.listdir(path):
             child_path = os.path.join(path, child)
             if os.path.isdir(child_path):
@@ -378,8 +385,11 @@ def open_containment(setting: str, limits: Limits) -> Containment:
     home = own or own_cgroup()
     if home is None:
         raise Unavailable("this server is in no cgroup v2")
-    if not os.access(os.path.join(home, "cgroup.procs"), os.W_OK):
-        raise Unavailable(f"cannot move between {home} and {root}: not writable")
+    try:  # as each spawn will: into this server's directory and back
+        _write(os.path.join(root, "cgroup.procs"), "0")
+        _write(os.path.join(home, "cgroup.procs"), "0")
+    except OSError as exc:
+        raise Unavailable(f"cannot move between {home} and {root}: {exc.strerror}") from None
     controllers = limits.controllers()
     if controllers:
         home = _settle_in_leaf(base, root, controllers)

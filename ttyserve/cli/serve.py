@@ -28,7 +28,13 @@ from ..server.journal import Journal
 from ..server.listener import Server
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
-from ..server.upgrade import Handover, adopted_listeners, check, restored_containment
+from ..server.upgrade import (
+    HELD_SIGNALS,
+    Handover,
+    adopted_listeners,
+    check,
+    restored_containment,
+)
 from ..transport.streams import PipeTransport
 from ..version import __version__
 
@@ -179,20 +185,36 @@ def _bind(addresses: list[Address], leases: list[SocketLease], *, upgraded: bool
 
 
 def _journal(config: ServerSettings, handed: HandoverState | None) -> Journal | None:
-    """The journal: the one handed over where the configuration still names it (no recovery:
-    nothing crashed), else opened and recovered."""
+    """The journal: after an upgrade, the one handed over (no recovery: nothing crashed; and
+    kept whatever the configuration now says, since the sessions kept have their start
+    records there), else the configured one, opened and recovered."""
     if handed is not None and handed.journal_fd is not None:
         assert handed.journal_path is not None
-        adopted = Journal.adopted(handed.journal_fd, handed.journal_path)
-        if config.journal is not None and (
-                os.path.abspath(config.journal) == os.path.abspath(handed.journal_path)):
-            return adopted
-        adopted.close()
+        if config.journal is None or (
+                os.path.abspath(config.journal) != os.path.abspath(handed.journal_path)):
+            log.warning("upgrade: the journal stays %s until the server restarts",
+                        handed.journal_path)
+        return Journal.adopted(handed.journal_fd, handed.journal_path)
     if config.journal is None:
         return None
     journal = Journal(config.journal)
     journal.recover()
     return journal
+
+
+def _contained(config: ServerSettings, handed: HandoverState | None) -> Containment | None:
+    """The containment: after an upgrade, the one handed over (its directory holds the
+    sessions kept), else `contain`'s. Raises ConfigError, but not after an upgrade: the
+    sessions kept matter more than containing new ones."""
+    if handed is not None and handed.containment is not None:
+        return restored_containment(handed.containment)
+    try:
+        return contain(config)
+    except ConfigError as exc:
+        if handed is None:
+            raise
+        log.error("upgrade: %s; new sessions run without containment", exc)
+        return None
 
 
 async def _serve(config: ServerSettings, handed: HandoverState | None = None) -> int:
@@ -211,18 +233,14 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
     journal: Journal | None = None
     containment: Containment | None = None
     listeners: list[tuple[Address, Address, socket.socket]] = []
-    receiving = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
-    with anyio.open_signal_receiver(*receiving) as signals:
+    with anyio.open_signal_receiver(*HELD_SIGNALS) as signals:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # (held across an upgrade)
         try:
             journal = _journal(config, handed)
+            unbound = addresses
             if handed is not None:
                 listeners, leases, unbound = adopted_listeners(handed, addresses)
-                if handed.containment is not None:
-                    containment = restored_containment(handed.containment)
-            else:
-                unbound = addresses
-            if containment is None:
-                containment = contain(config)
+            containment = _contained(config, handed)
             listeners += _bind(unbound, leases, upgraded=handed is not None)
         except (LeaseError, ListenError, OSError, ConfigError) as exc:
             for _, _, sock in listeners:
@@ -239,7 +257,7 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
             if config.stdio:
                 log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
                             "connection is the server's life)")
-            elif not server.upgrading and await handover.dry_run():
+            elif not server.upgrading and not server.stopping and await handover.dry_run():
                 log.info("upgrading from %s", __version__)
                 server.upgrade(lambda: handover.execute(backend))
 

@@ -346,9 +346,10 @@ class Session:
             await self._queue(event.error)
         elif isinstance(event, ConnectionEnded):
             self._lost = event.error  # raised once what was received is taken
-            if self._answered.is_set() and isinstance(event.error, RequestError):
-                # The server ended the whole connection (`server_restarting` on channel 0)
-                # after the session began: for the session, the connection was lost.
+            if (self._answered.is_set() and isinstance(event.error, RequestError)
+                    and event.error.retriable):
+                # The server ended the whole connection for a while (`server_restarting` on
+                # channel 0) after the session began: for the session, it was lost.
                 self._lost = ConnectionLost(f"the server closed the connection: {event.error}")
                 self._lost.__cause__ = event.error
             if not self._answered.is_set():

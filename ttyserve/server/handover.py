@@ -27,6 +27,7 @@ HANDOVER_VERSION = 1  # what this code writes
 READABLE = frozenset({1})  # what this code reads
 HANDOVER_ENV = "TTYSERVE_HANDOVER"  # the descriptor of the state, in the new process
 CHECK_ENV = "TTYSERVE_UPGRADE_CHECK"  # the same, for the dry run: check, then exit
+MEMFD_NAME = "ttyserve-handover"
 
 
 class RingState(msgspec.Struct, kw_only=True):
@@ -153,9 +154,10 @@ def decode(data: bytes) -> HandoverState:
 
 
 def write(data: bytes) -> int:
-    """``data`` in an anonymous file, rewound, its descriptor inheritable."""
+    """``data`` in an anonymous file, rewound (its descriptor closed at exec: whoever hands
+    it on says so)."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("ttyserve-handover", 0)
+        fd = os.memfd_create(MEMFD_NAME)
     else:
         fd, path = tempfile.mkstemp(prefix="ttyserve-handover-")
         os.unlink(path)
@@ -163,7 +165,6 @@ def write(data: bytes) -> int:
     while written < len(data):
         written += os.write(fd, data[written:])
     os.lseek(fd, 0, os.SEEK_SET)
-    os.set_inheritable(fd, True)
     return fd
 
 

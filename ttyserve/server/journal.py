@@ -8,6 +8,7 @@ a reused pid is never signalled). A torn last line is skipped with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import errno
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from ..backends.cgroups import kill_tree, populated, remove_tree
+from ..backends.cgroups import SERVER_LEAF, kill_tree, populated, remove_tree, server_gone
 from ..backends.groups import group_alive, process_start_time, signal_group
 from ..lines import write_all
 from .lease import acquire
@@ -249,17 +250,15 @@ class Journal:
             os.write(self.fd, b"\n")  # the next record starts on a line of its own
         ends = []
         survivors = []
-        cgroups = []
+        cgroups = orphaned_cgroups(parsed.records)
         for start in open_sessions(parsed.records):
-            if start.cgroup is not None and os.path.isdir(start.cgroup):
-                cgroups.append(start.cgroup)  # everything its tree left: no pid to verify
-            elif start.pid is not None and start.pid > 0 and _still_ours(start.pid,
-                                                                         start.start_time):
+            if start.cgroup is None and start.pid is not None and start.pid > 0 and (
+                    _still_ours(start.pid, start.start_time)):
                 survivors.append(start.pid)
             end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED)
             self._append_now(end)
             ends.append(end)
-        if ends:
+        if ends or cgroups:
             log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)"
                         " and killing %d cgroup(s)", self.path, len(ends), len(survivors),
                         len(cgroups))
@@ -288,6 +287,26 @@ def _still_ours(pid: int, recorded_start: int | None) -> bool:
     """
     current = process_start_time(pid)
     return current == recorded_start if current is not None else group_alive(pid)
+
+
+def orphaned_cgroups(records: list[AnyRecord]) -> list[str]:
+    """The session cgroups that crashed servers of this journal left: in the directory of a
+    server that is gone and that recorded sessions here, every session cgroup but those of
+    sessions that ended (what `--leftovers leave` kept). So a process spawned just before the
+    kill, whose start record never reached the disk, is found too: by its cgroup."""
+    ended = {r.id for r in records if isinstance(r, SessionEnd)}
+    servers = {os.path.dirname(r.cgroup) for r in records
+               if isinstance(r, SessionStart) and r.cgroup is not None}
+    found = []
+    for server in sorted(servers):
+        if not server_gone(server):
+            continue
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(server)):
+                path = os.path.join(server, name)
+                if name not in ended and name != SERVER_LEAF and os.path.isdir(path):
+                    found.append(path)
+    return found
 
 
 def _kill_cgroups(directories: list[str], grace: float) -> None:

@@ -181,29 +181,38 @@ class Server:
         return not self.forced
 
     async def _hand_over(self) -> None:
-        """An upgrade, up to the execve (`upgrade`); a failure logs why and returns."""
+        """An upgrade, up to the execve (`upgrade`); a failure logs why and returns, and so
+        does a shutdown asked for meanwhile (at once: it wins)."""
         execute, registry, timeout = self._upgrade, self.registry, self.settings.shutdown_timeout
         assert execute is not None
         registry.restarting = True
+        quiet = False
         try:
-            await registry.end_undetachable(self.settings.upgrade_drain, timeout)
-            for handler in list(self.handlers):
-                handler.begin_restart()
-            with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as watch:
+                watch.start_soon(self._cancel_on_stop, watch.cancel_scope)
+                await registry.end_undetachable(self.settings.upgrade_drain, timeout)
+                for handler in list(self.handlers):
+                    handler.begin_restart()
+                with anyio.move_on_after(timeout):
+                    await self._until_no_handlers()
+                for handler in list(self.handlers):  # clients that do not read their last
+                    handler.outbox.abort()  # frames
                 await self._until_no_handlers()
-            for handler in list(self.handlers):  # clients that do not read their last frames
-                handler.outbox.abort()
-            await self._until_no_handlers()
-            if not await registry.until_quiet(timeout):
-                log.error("upgrade abandoned: sessions still ending after %g s", timeout)
-                return
-            if self.stopping:  # a SIGTERM meanwhile: the shutdown wins
+                quiet = await registry.until_quiet(timeout)
+                watch.cancel_scope.cancel()
+            if self.stopping:
                 log.info("upgrade abandoned: shutting down")
-                return
-            execute()  # returns only when it failed (and said why)
+            elif not quiet:
+                log.error("upgrade abandoned: sessions still ending after %g s", timeout)
+            else:
+                execute()  # returns only when it failed (and said why)
         finally:
             registry.restarting = False
             self._upgrade = None
+
+    async def _cancel_on_stop(self, scope: anyio.CancelScope) -> None:
+        await self._stop.wait()
+        scope.cancel()
 
     async def _until_no_handlers(self) -> None:
         while self.handlers:

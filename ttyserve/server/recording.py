@@ -150,6 +150,11 @@ class Recording:
                         os.close(self._fd)
                     self._fd = None
 
+    @property
+    def writing(self) -> bool:
+        """A write is under way (in a worker thread)."""
+        return self._lock.locked()
+
     async def flushed(self) -> None:
         """Until what is pending is written (an upgrade hands over the file only then)."""
         await self._flush()

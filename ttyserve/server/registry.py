@@ -103,6 +103,7 @@ class SessionRegistry:
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
         self._journal_id = JournalIds()
+        self._kill_leftovers = settings.leftovers == "kill"
         self._default_argv = settings.default_argv  # each read of these makes them anew
         self._policy = settings.policy
 
@@ -228,7 +229,7 @@ class SessionRegistry:
                                 linger=self.settings.linger, owner=owner,
                                 scrollback=self.settings.scrollback if detachable else None,
                                 detached_timeout=detached_timeout or self.settings.detached_timeout,
-                                kill_leftovers=self.settings.leftovers == "kill")
+                                kill_leftovers=self._kill_leftovers)
         session.on_delivered = lambda: self._delivered(session)
         return session
 
@@ -341,6 +342,7 @@ class SessionRegistry:
             session.sink.lost()  # a fault: the channel ends with exit -1 all the same
 
     def _ended(self, session: ServerSession) -> None:
+        session.over = True
         if self._kept(session):  # for the next attach, in bounded memory
             self.deadline_moved()
         else:
@@ -498,7 +500,9 @@ class SessionRegistry:
         state can be handed over."""
         return (not self._opening and not self._noting
                 and (self.journal is None or self.journal.idle)
-                and not any(s.in_transition for s in self.sessions.values()))
+                and not any(s.in_transition or any(isinstance(o, Recording) and o.writing
+                                                   for o in s.observers)
+                            for s in self.sessions.values()))
 
     async def until_quiet(self, timeout: float) -> bool:
         """Until `quiet`, with every recording's events written; whether it came in time."""
@@ -550,7 +554,7 @@ class SessionRegistry:
                 process = ExitedProcess(state.pid, state.final)
             session = ServerSession.adopted(
                 state, process, self._start_task, linger=self.settings.linger,
-                kill_leftovers=self.settings.leftovers == "kill")
+                kill_leftovers=self._kill_leftovers)
             session.on_delivered = lambda session=session: self._delivered(session)
             if state.recording is not None:
                 recording = Recording.adopted(state.recording)

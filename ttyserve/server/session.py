@@ -138,7 +138,8 @@ class ServerSession:
         self._kill_leftovers = kill_leftovers  # at a normal end (--leftovers kill)
         self._tree_settled = False  # what its process left running was killed or left
         self._settling = False  # a task kills what it left and waits for the end
-        self.released = False  # over: its process reaped and its descriptors closed
+        self.released = False  # its process reaped and its descriptors closed
+        self.over = False  # its end is all done (records written): the registry's to say
 
     @property
     def pid(self) -> int:
@@ -332,7 +333,7 @@ class ServerSession:
     def in_transition(self) -> bool:
         """Whether it is being ended, or is over but not yet let go (its end record, its
         leftovers): an upgrade waits for that to finish."""
-        return not self.released and (
+        return not self.over and (
             self.ending is not None or self._settling or self.output_over)
 
     def handover(self, dry: bool = False) -> SessionState:
@@ -388,7 +389,7 @@ class ServerSession:
         session._tree_settled = state.tree_settled
         if state.final is not None:  # over: its exit waits for a client
             session.final = session._status = state.final
-            session.released = True
+            session.released = session.over = True
         return session
 
     async def _run(self) -> Exit:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..backends.cgroups import Limits
+from ..backends.cgroups import MIN_PIDS_MAX, Limits
 from ..backends.kinds import BackendKind
 from ..defaults import (
     DEFAULT_DETACHED_TIMEOUT,
@@ -165,6 +165,10 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"invalid setting: {exc}") from None
         finally:
             _checking.reset(checking)
+        if 0 < self.session_pids_max < MIN_PIDS_MAX:
+            raise ConfigError(f"session_pids_max {self.session_pids_max}: at least "
+                              f"{MIN_PIDS_MAX} (the server's own threads count toward it "
+                              "while it starts a session), or 0 for no limit")
         if self.cgroup == "off" and self.limits.controllers():
             raise ConfigError("the session limits need a cgroup for each session: not with "
                               "cgroup off")

@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,8 @@ from .registry import SessionRegistry
 log = logging.getLogger("ttyserve")
 
 DRY_RUN_TIMEOUT = 60.0  # seconds the new code has to show that it starts
+# Blocked across the execve, unblocked by the new code once it receives them (serve.py).
+HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
 
 
 def entry_point() -> list[str]:
@@ -91,7 +94,11 @@ class Handover:
     async def dry_run(self) -> bool:
         """Start the new code on a state of the shape it would be handed; whether it starts,
         reads it and accepts the configuration (its stderr is ours: it says why not)."""
-        fd = write(encode(self.state(dry=True)))
+        try:
+            fd = write(encode(self.state(dry=True)))
+        except Exception as exc:  # (out of memory or descriptors): nothing changed
+            log.error("upgrade refused: the state cannot be written: %s", exc)
+            return False
         try:
             process = await anyio.open_process(
                 entry_point(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -116,12 +123,24 @@ class Handover:
 
     def execute(self, backend: ChildBackend) -> None:
         """Hand everything over and execute the new code in this process. Returns only when
-        the execve failed: then every session is taken back and serving goes on."""
-        state = self.state()
-        descriptors = state.descriptors()
-        for fd in descriptors:
-            os.set_inheritable(fd, True)
-        fd = write(encode(state))
+        that failed: then every session is taken back and serving goes on.
+
+        The state is written before anything changes (what can fail, fails first), and the
+        signals the server acts on are blocked across the execve: one sent while the new
+        code starts waits for it, instead of killing the process and every session."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            state = self.state(dry=True)
+            fd = write(encode(state))
+        except Exception as exc:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            log.error("upgrade failed: the state cannot be written: %s; serving on", exc)
+            return
+        handed = self.registry.handover()  # the same sessions (nothing ran since): the new
+        assert len(handed) == len(state.sessions)  # code's from now on
+        descriptors = [*state.descriptors(), fd]
+        for kept in descriptors:
+            os.set_inheritable(kept, True)
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -129,8 +148,9 @@ class Handover:
         except OSError as exc:
             log.error("upgrade failed: cannot execute %s: %s; serving on", sys.executable,
                       exc.strerror)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(fd)
-        for kept in descriptors:
+        for kept in descriptors[:-1]:
             os.set_inheritable(kept, False)
         self.registry.adopt(state.sessions, backend)
 
