@@ -137,7 +137,8 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "memory a session's cgroup may use, bytes (memory.max; 0: no limit)", "BYTES",
         ge=0)] = 0
     session_pids_max: Annotated[int, option(
-        "processes a session's cgroup may hold at once (pids.max; 0: no limit)", "N",
+        "processes a session's cgroup may hold at once (pids.max; at least 64; 0: no limit)",
+        "N",
         ge=0)] = 0
     session_cpu_max: Annotated[float, option(
         "CPUs a session's cgroup may use, such as 0.5 (cpu.max; 0: no limit)", "CPUS",
