@@ -234,7 +234,8 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
     containment: Containment | None = None
     listeners: list[tuple[Address, Address, socket.socket]] = []
     with anyio.open_signal_receiver(*HELD_SIGNALS) as signals:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # (held across an upgrade)
+        if handed is not None:  # (held across the upgrade's execve: the mask there was)
+            signal.pthread_sigmask(signal.SIG_SETMASK, handed.blocked)
         try:
             journal = _journal(config, handed)
             unbound = addresses

@@ -109,6 +109,7 @@ class HandoverState(msgspec.Struct, kw_only=True):
     journal_fd: int | None
     journal_path: str | None
     token: str | None  # a web token the old server made itself (pages hold it)
+    blocked: list[int]  # the signal mask before the hand-over blocked what it holds
     containment: ContainmentState | None
     sessions: list[SessionState]
 

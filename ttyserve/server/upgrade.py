@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Collection
 
 import anyio
 
@@ -46,7 +47,8 @@ from .registry import SessionRegistry
 log = logging.getLogger("ttyserve")
 
 DRY_RUN_TIMEOUT = 60.0  # seconds the new code has to show that it starts
-# Blocked across the execve, unblocked by the new code once it receives them (serve.py).
+# Blocked across the execve; the new code restores the mask there was once it receives them
+# (serve.py), so what a carrier or supervisor blocked stays blocked.
 HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
 
 
@@ -71,8 +73,12 @@ class Handover:
         self.token = token
         self.registry = registry
 
-    def state(self, dry: bool = False) -> HandoverState:
-        """The state to hand over (``dry``: what it would be now, changing nothing)."""
+    def state(self, dry: bool = False, blocked: Collection[int] | None = None,
+              ) -> HandoverState:
+        """The state to hand over (``dry``: what it would be now, changing nothing), with the
+        signal mask to restore (``blocked``: the one before the hand-over's)."""
+        if blocked is None:
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         containment = self.containment
         return HandoverState(
             version=HANDOVER_VERSION, from_version=__version__,
@@ -83,7 +89,7 @@ class Handover:
                     for lease in self.leases],
             journal_fd=self.journal.fd if self.journal is not None else None,
             journal_path=self.journal.path if self.journal is not None else None,
-            token=self.token,
+            token=self.token, blocked=sorted(int(signum) for signum in blocked),
             containment=None if containment is None else ContainmentState(
                 root=containment.root, home=containment.home,
                 memory_max=containment.limits.memory_max,
@@ -130,7 +136,7 @@ class Handover:
         code starts waits for it, instead of killing the process and every session."""
         held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         try:
-            state = self.state(dry=True)
+            state = self.state(dry=True, blocked=held)
             fd = write(encode(state))
         except Exception as exc:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
