@@ -20,6 +20,8 @@ DEFAULT_COLS = 80
 DEFAULT_TERM = "xterm-256color"
 
 Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
+Role = Literal["writer", "observer"]  # section 11: how a channel is attached to a session
+WRITER: Role = "writer"
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
 Offset = Annotated[int, msgspec.Meta(ge=0)]
@@ -73,6 +75,7 @@ class Attach(Message, tag="attach"):
     cols: Dimension | None = None
     steal: bool = False
     offsets: Offsets | None = None  # section 10: the bytes the client already holds
+    role: Role = WRITER  # section 11
 
 
 class Release(Message, tag="release"):
@@ -145,6 +148,7 @@ class Attached(Message, tag="attached"):
     dropped: int  # output bytes lost from the ring since the session started
     offsets: Offsets | None = None  # where this attach's output begins, per stream
     prologue: str | None = None  # escape sequences that restore a PTY's terminal modes
+    role: Role | None = None  # section 11: always sent by this server
 
 
 STOLEN = "stolen"  # the reason of `detached` when another channel attached with steal

@@ -16,7 +16,7 @@ import collections
 from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Attached, Exit, Offsets
+from ..protocol.messages import WRITER, Attached, Exit, Offsets
 
 if TYPE_CHECKING:
     from .session import ServerSession
@@ -87,7 +87,7 @@ class Attachment:
         host.frame_attached(attachment, Attached(
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
-            prologue=session.prologue() if fresh else None))
+            prologue=session.prologue() if fresh else None, role=WRITER))
         session.attach(attachment)
         attachment.resume()
         return attachment

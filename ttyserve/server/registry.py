@@ -26,7 +26,7 @@ from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
 from ..backends.local import ChildBackend
 from ..defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
 from ..errors import ErrorCode, RequestError
-from ..protocol.messages import STOLEN, Attach, Exit, Open, SessionInfo, members
+from ..protocol.messages import STOLEN, WRITER, Attach, Exit, Open, SessionInfo, members
 from ..version import __version__
 from .handover import ExitedProcess, SessionState
 from .journal import Journal, Reason, ServerUpgrade, SessionAttach, SessionDetach, SessionEnd
@@ -254,6 +254,9 @@ class SessionRegistry:
             raise shutting_down()
         if self.restarting:
             raise restarting()
+        if request.role != WRITER:  # never a writer's rights for one who asked to watch
+            raise RequestError(ErrorCode.BAD_REQUEST, "observers (protocol section 11) are "
+                               "not served by this server yet: attach as writer")
         session = self.sessions.get(request.session)
         if (session is None or not session.detachable or session.owner != owner
                 or session.ending is not None):
