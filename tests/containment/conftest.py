@@ -18,7 +18,6 @@ from helpers import SH
 from ttyserve.addresses import Address
 from ttyserve.backends.cgroups import (
     Containment,
-    cgroup2_mount,
     kill_tree,
     open_containment,
     own_cgroup,
@@ -59,20 +58,6 @@ def cgroup_base() -> Iterator[str]:
             while populated(base) and time.monotonic() < deadline:
                 time.sleep(0.01)
             remove_tree(base)
-
-
-def cgroup_of(pid: int) -> str | None:
-    """The directory of ``pid``'s cgroup v2 (from /proc/PID/cgroup), or None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return None
-    mount = cgroup2_mount()
-    assert mount is not None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return os.path.normpath(mount + line[3:])
-    return None
 
 
 def tree(directory: str) -> list[int]:

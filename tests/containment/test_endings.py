@@ -3,14 +3,16 @@ whatever left the process group (setsid, a double-forked daemon), on every way i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
 
 import pytest
-from conftest import alive, cgroup_of, contained_server, tree
+from conftest import alive, contained_server, tree
 from helpers import HELLO, SH, control_of, ctrl, raw_peer, wait_until
 
+from ttyserve.backends.cgroups import cgroup_of
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Cancel, Open
 from ttyserve.server.journal import SessionEnd, read_file
@@ -77,11 +79,10 @@ async def all_gone(cgroup: str, pids: list[int], after: float = 0) -> None:
 
 
 def kill_left(pids: list[int]) -> None:
+    """Clean-up after a failure: whatever of the tree is left, killed."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture(params=sorted(ESCAPERS))
@@ -94,49 +95,28 @@ def pty(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
-async def test_cancel(sock_path: Path, cgroup_base: str, escaper: str, pty: bool) -> None:
-    async with (contained_server(sock_path, cgroup_base) as (_, address, _c),
-                raw_peer(address) as peer):
-        cgroup, pids = await escaped_tree(await start(peer, escaper, pty))
-        try:
-            await peer.send(ctrl(1, Cancel()))
-            await all_gone(cgroup, pids)
-        finally:
-            kill_left(pids)
+DETACHED_TIMEOUT = 1  # seconds, for the ending by the detached timeout
 
 
-async def test_hang_up(sock_path: Path, cgroup_base: str, escaper: str, pty: bool) -> None:
-    """The client's connection goes: its sessions are ended."""
-    async with (contained_server(sock_path, cgroup_base) as (_, address, _c),
-                raw_peer(address) as peer):
-        cgroup, pids = await escaped_tree(await start(peer, escaper, pty))
-        try:
-            await peer.transport.aclose()
-            await all_gone(cgroup, pids)
-        finally:
-            kill_left(pids)
-
-
-async def test_detached_timeout(sock_path: Path, cgroup_base: str, escaper: str,
-                                pty: bool) -> None:
-    async with (contained_server(sock_path, cgroup_base) as (_, address, _c),
-                raw_peer(address) as peer):
-        cgroup, pids = await escaped_tree(
-            await start(peer, escaper, pty, detachable=True, detached_timeout=1))
-        try:
-            await peer.transport.aclose()  # detached: hung up 1 s from now
-            await all_gone(cgroup, pids, after=1)
-        finally:
-            kill_left(pids)
-
-
-async def test_shutdown(sock_path: Path, cgroup_base: str, escaper: str, pty: bool) -> None:
+@pytest.mark.parametrize("ending", ["cancel", "hang-up", "detached timeout", "shutdown"])
+async def test_ending_a_session_ends_its_whole_tree(sock_path: Path, cgroup_base: str,
+                                                    escaper: str, pty: bool,
+                                                    ending: str) -> None:
+    """Cancel; the client's connection going (a hang-up); nobody attaching within the
+    detached timeout; a graceful shutdown: each kills what left the process group too."""
+    members = ({"detachable": True, "detached_timeout": DETACHED_TIMEOUT}
+               if ending == "detached timeout" else {})
     async with (contained_server(sock_path, cgroup_base) as (server, address, _c),
                 raw_peer(address) as peer):
-        cgroup, pids = await escaped_tree(await start(peer, escaper, pty))
+        cgroup, pids = await escaped_tree(await start(peer, escaper, pty, **members))
         try:
-            server.shutdown()
-            await all_gone(cgroup, pids)
+            if ending == "cancel":
+                await peer.send(ctrl(1, Cancel()))
+            elif ending == "shutdown":
+                server.shutdown()
+            else:  # hang-up, or detached: hung up DETACHED_TIMEOUT from now
+                await peer.transport.aclose()
+            await all_gone(cgroup, pids, after=DETACHED_TIMEOUT if members else 0)
         finally:
             kill_left(pids)
 

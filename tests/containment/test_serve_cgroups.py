@@ -11,10 +11,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import alive, cgroup_of, tree, writable_cgroup
+from conftest import alive, tree, writable_cgroup
 from helpers import SH, start_server, ttyserve_command, wait_until
 
-from ttyserve.backends.cgroups import BASE_NAME, instance_name
+from ttyserve.backends.cgroups import BASE_NAME, cgroup_of, instance_name
 from ttyserve.client import connect
 from ttyserve.exitcodes import ServeExit
 from ttyserve.server.journal import Reason, SessionEnd, read_file

@@ -22,6 +22,7 @@ from helpers import SH, ServerProcess, start_server, wait_until
 
 from ttyserve.client import connect
 from ttyserve.client.session import Lost, Resumed, Session
+from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.exitcodes import ServeExit
 from ttyserve.server.handover import MEMFD_NAME
 from ttyserve.server.journal import ServerUpgrade, SessionEnd, SessionStart, read_file
@@ -289,3 +290,37 @@ async def test_a_signal_while_the_new_code_starts_waits_for_it(
         await again.send(b"twice\n")
         chunk = await again.receive()
         assert chunk is not None and chunk.data == b"twice\n"
+
+
+async def test_the_drain_lets_undetachable_sessions_end_and_a_shutdown_ends_the_hand_over(
+        short_dir: Path, tmp_path: Path) -> None:
+    """--upgrade-drain 30: once the hand-over began (an `open` is refused with
+    `server_restarting`), a session that cannot be reattached and ends by itself delivers its
+    exit; a SIGTERM then ends the hand-over at once (no upgrade), and the shutdown hangs up
+    the other one."""
+    go = tmp_path / "go"
+    journal = short_dir / "journal"
+    server = start_server(short_dir, "--upgrade-drain", "30", "--journal", str(journal))
+    try:
+        async with connect(server.addresses[0], multiplex=True) as conn:
+            alone = await conn.spawn(
+                [SH, "-c", EXITS_WHEN.format(delay=0, code=7)], pty=False, env={"GO": str(go)})
+            held = await conn.spawn(["sleep", "1000"], pty=False)
+            os.kill(server.pid, signal.SIGUSR2)
+            with anyio.fail_after(30):
+                while True:  # each `true` ends at once: the next try follows its exit
+                    try:
+                        probe = await conn.spawn(["true"], pty=False)
+                    except RequestError as exc:
+                        assert exc.code == ErrorCode.SERVER_RESTARTING
+                        break
+                    await probe.wait()
+            go.touch()
+            assert (await alone.wait()).code == 7  # within the drain, its exit reaches us
+            os.kill(server.pid, signal.SIGTERM)
+            with anyio.fail_after(10):  # not the 30 s of the drain
+                assert (await held.wait()).signal == "HUP"
+        assert server.wait(timeout=10) == ServeExit.OK
+    finally:
+        server.stop()
+    assert upgraded(short_dir) == []

@@ -97,13 +97,14 @@ def cgroup2_mount() -> str | None:
     return None
 
 
-def own_cgroup() -> str | None:
-    """The directory of this process's cgroup v2, or None where it has none."""
+def cgroup_of(pid: int | str = "self") -> str | None:
+    """The directory of ``pid``'s cgroup v2 (this process's by default), or None where it
+    has none (or is gone)."""
     mount = cgroup2_mount()
     if mount is None:
         return None
     try:
-        text = _read("/proc/self/cgroup")
+        text = _read(f"/proc/{pid}/cgroup")
     except OSError:
         return None
     for line in text.splitlines():
@@ -111,6 +112,11 @@ def own_cgroup() -> str | None:
             path = line[3:].removesuffix(" (deleted)")
             return os.path.normpath(mount + path)
     return None
+
+
+def own_cgroup() -> str | None:
+    """The directory of this process's cgroup v2, or None where it has none."""
+    return cgroup_of()
 
 
 def _count(directory: str) -> int:
@@ -354,13 +360,12 @@ def open_containment(setting: str, limits: Limits) -> Containment:
     """This server's containment for ``setting`` (`auto` or a directory). Raises
     Unavailable when there is no writable cgroup v2 (fatal for a directory named or with
     limits: the caller decides), ConfigError when the limits cannot be set."""
+    home = own_cgroup()  # where the server returns after each spawn (without limits)
+    if home is None:
+        raise Unavailable("no cgroup v2 hierarchy is mounted, or this server is in none")
     if setting == "auto":
-        own = own_cgroup()
-        if own is None:
-            raise Unavailable("no cgroup v2 hierarchy is mounted")
-        base = os.path.join(own, BASE_NAME)
+        base = os.path.join(home, BASE_NAME)
     else:
-        own = None
         base = os.path.abspath(setting)
         if not os.path.exists(os.path.join(os.path.dirname(base), "cgroup.procs")) and \
                 not os.path.exists(os.path.join(base, "cgroup.procs")):
@@ -382,9 +387,6 @@ def open_containment(setting: str, limits: Limits) -> Containment:
         with contextlib.suppress(OSError):
             os.rmdir(root)
         raise Unavailable("this kernel has no cgroup.kill (Linux 5.14 or later is needed)")
-    home = own or own_cgroup()
-    if home is None:
-        raise Unavailable("this server is in no cgroup v2")
     try:  # as each spawn will: into this server's directory and back
         _write(os.path.join(root, "cgroup.procs"), "0")
         _write(os.path.join(home, "cgroup.procs"), "0")
@@ -392,26 +394,25 @@ def open_containment(setting: str, limits: Limits) -> Containment:
         raise Unavailable(f"cannot move between {home} and {root}: {exc.strerror}") from None
     controllers = limits.controllers()
     if controllers:
-        home = _settle_in_leaf(base, root, controllers)
+        home = _settle_in_leaf(base, root, home, controllers)
     return Containment(root, home, limits)
 
 
-def _settle_in_leaf(base: str, root: str, controllers: list[str]) -> str:
-    """With limits: move the server into a leaf of its own (ROOT/server), then hand the
-    controllers down to the sessions' cgroups; the leaf. Raises ConfigError."""
+def _settle_in_leaf(base: str, root: str, home: str, controllers: list[str]) -> str:
+    """With limits: move the server from ``home`` into a leaf of its own (ROOT/server), then
+    hand the controllers down to the sessions' cgroups; the leaf. Raises ConfigError (the
+    server back in ``home``)."""
     parent = os.path.dirname(base)
     _check_available(parent, controllers)  # before anything moves
     leaf = os.path.join(root, SERVER_LEAF)
     os.makedirs(leaf, exist_ok=True)
-    original = own_cgroup()
     _write(os.path.join(leaf, "cgroup.procs"), "0")
     try:
         for directory in (parent, base, root):
             _enable(directory, controllers)
     except ConfigError:
-        if original is not None:
-            with contextlib.suppress(OSError):
-                _write(os.path.join(original, "cgroup.procs"), "0")
-                os.rmdir(leaf)
+        with contextlib.suppress(OSError):
+            _write(os.path.join(home, "cgroup.procs"), "0")
+            os.rmdir(leaf)
         raise
     return leaf

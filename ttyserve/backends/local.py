@@ -302,13 +302,11 @@ class LocalProcess:
         cgroup = self.cgroup
         if cgroup is None:
             return True
-        oom = cgroup.oom_killed()
-        if cgroup.removed():  # nothing was left: the common end, one rmdir
-            self.cgroup, self.leftovers, self.oom = None, 0, oom
-            return True
-        if kill and cgroup.populated():
+        oom = cgroup.oom_killed()  # (read before the rmdir takes memory.events away)
+        gone = cgroup.removed()  # nothing was left: the common end, one rmdir
+        if not gone and kill and cgroup.populated():
             return False
-        self._cgroup_done(cgroup, 0)
+        self._cgroup_done(cgroup, 0, oom, gone)
         return True
 
     async def settle(self, kill: bool = True) -> None:
@@ -325,13 +323,17 @@ class LocalProcess:
             self._sweep_orphans()  # the killed are zombies of ours until reaped
         self._cgroup_done(cgroup, killed)
 
-    def _cgroup_done(self, cgroup: SessionCgroup, killed: int) -> None:
+    def _cgroup_done(self, cgroup: SessionCgroup, killed: int, oom: bool | None = None,
+                     gone: bool = False) -> None:
+        """The tree is settled: what was killed and whether the memory limit did it counted,
+        the directory removed (unless ``gone`` already)."""
         if self.cgroup is not cgroup:
             return  # settled by another way meanwhile (a cancel while it settled)
         self.cgroup = None
         self.leftovers = killed
-        self.oom = cgroup.oom_killed()
-        cgroup.remove()
+        self.oom = cgroup.oom_killed() if oom is None else oom
+        if not gone:
+            cgroup.remove()
 
     def _sweep_orphans(self) -> None:
         if self._sweep is not None:

@@ -440,8 +440,8 @@ class ServerSession:
         """Once the output is over: kill what the process left running (--leftovers kill, or
         a session being ended), or leave it. Whether that is done; where it has to wait,
         a task does it on callbacks alone (`run` does it itself)."""
-        if self._tree_settled:
-            return True
+        if self._tree_settled or self._settling:  # (a task kills it: nothing to look at)
+            return self._tree_settled
         kill = self._kill_leftovers or self.ending is not None
         if self.process.settle_nowait(kill):
             self._tree_settled = True
