@@ -37,8 +37,10 @@ from .systems import (
     System,
     TtyserveLibSystem,
     TtyserveNoCgroupSystem,
+    TtyserveObservedSystem,
     TtyserveResumeSystem,
     TtyserveSystem,
+    TtyserveUnobservedSystem,
     TtyserveWsSystem,
 )
 from .workloads import ALL_SYSTEMS, BY_NAME, FULL, QUICK, WORKLOADS, Context, Workload
@@ -97,6 +99,8 @@ def make_systems(names: list[str], workdir: str) -> list[System]:
         "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
         "pdsh": PdshSystem, "raw-cgroup": RawCgroupSystem,
         "ttyserve-nocg": TtyserveNoCgroupSystem,
+        "ttyserve-observed": TtyserveObservedSystem,
+        "ttyserve-unobserved": TtyserveUnobservedSystem,
     }
     return [factories[name](workdir) for name in names]
 

@@ -592,6 +592,85 @@ class TtyserveLibSystem(TtyserveSystem):
         return result
 
 
+class TtyserveObservedSystem(TtyserveLibSystem):
+    """The library's detachable sessions with ``observers`` observers attached (section 11),
+    reading everything in a process of their own; with 0, the same path with nobody
+    watching, so the two differ only in the observers."""
+
+    name = "ttyserve-observed"
+    observers = 10
+
+    @contextlib.contextmanager
+    def _watched(self, session_id: str | None, transport: str) -> Any:
+        """The observers' process, once all of them are attached."""
+        if not self.observers:
+            yield
+            return
+        assert session_id is not None
+        argv = [sys.executable, "-m", "benchmarks.observers", self.server.address(transport),
+                session_id, str(self.observers), *([self.server.token] if self.server.token
+                                                   else [])]
+        watchers = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            assert watchers.stdout is not None
+            if watchers.stdout.readline() != b"ready\n":
+                raise RuntimeError(f"the observers did not attach (exit {watchers.wait()})")
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(watchers.pid, 9)
+            watchers.wait()
+            if watchers.stdout is not None:
+                watchers.stdout.close()
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        import anyio
+
+        async def main() -> Transfer:
+            async with self._connect(transport, multiplex=True) as conn:
+                session = await conn.spawn(["sh", "-c", 'read go; exec "$@"', "sh", *argv],
+                                           pty=pty, detachable=True)
+                with self._watched(session.id, transport):
+                    start = now()
+                    await session.send(b"go\n")
+                    nbytes = 0
+                    async for chunk in session:
+                        nbytes += len(chunk.data)
+                    seconds = now() - start
+                    status = session.status
+            if status is None or status.code != 0:
+                raise RuntimeError(f"{argv[0]}: exit {status}")
+            return Transfer(nbytes, seconds)
+
+        result: Transfer = anyio.run(main, backend="asyncio")
+        return result
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        import anyio
+
+        async def main() -> list[float]:
+            async with self._connect(transport, multiplex=True) as conn:
+                session = await conn.spawn(argv, pty=True, detachable=True)
+                seen = b""
+                while ECHO_MARKER not in seen:
+                    chunk = await session.receive()
+                    if chunk is None:
+                        raise RuntimeError("the echo command exited")
+                    seen += chunk.data
+                with self._watched(session.id, transport):
+                    latencies = await _library_echo(session, b"x", rounds)
+                await session.cancel()
+            return latencies
+
+        result: list[float] = anyio.run(main, backend="asyncio")
+        return result
+
+
+class TtyserveUnobservedSystem(TtyserveObservedSystem):
+    name = "ttyserve-unobserved"
+    observers = 0
+
+
 RESUME_WINDOW = 60  # seconds: `spawn(resume=...)` of the resume system
 
 

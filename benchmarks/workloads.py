@@ -391,7 +391,8 @@ def measure_resume(system: System, ctx: Context) -> dict[str, float]:
 
 PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
 ALL_SYSTEMS = (*PEERS, "ttyserve-resume",  # (compared only with ttyserve-lib)
-               "raw-cgroup", "ttyserve-nocg")  # (containment's cost: with raw and ttyserve)
+               "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
+               "ttyserve-unobserved", "ttyserve-observed")  # (observers' cost: each other)
 
 WORKLOADS = [
     Workload(
@@ -498,6 +499,22 @@ WORKLOADS.append(Workload(
      Metric("rate_mux", "sessions/s, one multiplexed unix connection", True)],
     [Target("rate_unix", ">=", 0.8, "ttyserve-nocg", system="ttyserve")],
     ("raw", "raw-cgroup", "ttyserve", "ttyserve-nocg"), measure_session_rate))
+
+
+
+def measure_observed(system: System, ctx: Context) -> dict[str, float]:
+    """The writer's pipe output and echo, with the system's observers watching."""
+    return {**measure_pipe_output(system, ctx), **measure_echo(system, ctx)}
+
+
+WORKLOADS.append(Workload(
+    "observers", "Observers' cost (section 11): a detachable session's pipe output and echo, "
+                 "as its writer sees them, with 0 (unobserved) and 10 observers (observed) "
+                 "reading everything in another process",
+    [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB"),
+     Metric("p50_us", "echo p50 us"), Metric("p99_us", "echo p99 us")],
+    [],
+    ("ttyserve-unobserved", "ttyserve-observed"), measure_observed))
 
 BY_NAME = {workload.name: workload for workload in WORKLOADS}
 

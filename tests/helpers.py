@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ttyserve.addresses import Address
+from ttyserve.addresses import Address, parse_address
 from ttyserve.backends.base import Backend
 from ttyserve.client import Connection
 from ttyserve.client.dial import open_transport
@@ -96,6 +96,7 @@ class RawPeer:
         self.transport = transport
         self.decoder = FrameDecoder(64 << 20)
         self.pending: list[Frame] = []
+        self.seen: list[Frame] = []  # frames a test passed over, kept for a later look
 
     async def send(self, data: bytes) -> None:
         await send_all(self.transport, data)
@@ -126,7 +127,10 @@ class RawPeer:
 
 @contextlib.asynccontextmanager
 async def raw_peer(address: str) -> AsyncIterator[RawPeer]:
-    transport = await open_transport(Address("unix", path=address.removeprefix("unix:")))
+    """A raw peer on ``address`` (unix:PATH, or a bare path, or tcp:HOST:PORT)."""
+    transport = await open_transport(
+        parse_address(address) if address.startswith("tcp:")
+        else Address("unix", path=address.removeprefix("unix:")))
     try:
         yield RawPeer(transport)
     finally:

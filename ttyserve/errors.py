@@ -46,6 +46,7 @@ class ErrorCode(enum.StrEnum):
     SESSION_IN_USE = "session_in_use"  # section 9: attached elsewhere (steal to take it)
     NO_SUCH_SESSION = "no_such_session"  # unknown, expired, or another principal's
     SERVER_RESTARTING = "server_restarting"  # section 12: upgrading in place; resume soon
+    READ_ONLY = "read_only"  # section 11: an observer sent what only the writer may send
 
 
 RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SERVER_RESTARTING})

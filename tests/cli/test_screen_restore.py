@@ -144,3 +144,33 @@ def test_the_alternate_screen_comes_back_after_the_ring_lost_its_switch(
     assert alternate_on(tmux, "attach")  # put there by the prologue alone
     cursor = tmux.run("display-message", "-p", "-t", "t:attach", "#{cursor_flag}").strip()
     assert cursor == "0"  # ?25l: the cursor hidden again too
+
+
+def test_attach_observe_shows_vim_live_and_keys_typed_there_reach_nothing(
+        server: ServerProcess, tmux: Tmux, short_dir: Path) -> None:
+    """Section 11 at a terminal: an observer sees the writer's vim cell for cell, live; what
+    is typed at the observer (`q`, even `:q!` and Enter) reaches nothing; the detach key
+    leaves, and the writer goes on."""
+    address = server.addresses[0]
+    (short_dir / "notes.txt").write_text("".join(f"line {n} of the notes\n" for n in range(200)))
+    window(tmux, "exec", command("exec", "--connect", address, "--detachable", "-t", "--cwd",
+                                 str(short_dir), "--", "vim", "-u", "NONE", "-i", "NONE",
+                                 "-N", "notes.txt"))
+    tmux.expect("exec", r"line 0 of the notes")
+    session_id = only_session(address)
+    tmux.run("send-keys", "-t", "t:exec", "-l", "jk" * 1500)  # the ring loses vim's start
+    window(tmux, "watch", command("attach", "--observe", "--connect", address, session_id))
+    until_equal(lambda: pane(tmux, "watch"), lambda: pane(tmux, "exec"))
+    tmux.keys("exec", "50G")  # the writer moves: the observer sees it live
+    tmux.expect("watch", r"line 60 of the notes")
+    tmux.keys("watch", "q")
+    tmux.keys("watch", ":q!", "Enter")  # would end vim, were it typed there
+    tmux.keys("exec", "o", "typed by the writer", "Escape")
+    tmux.expect("watch", r"typed by the writer")
+    shown = until_equal(lambda: pane(tmux, "watch"), lambda: pane(tmux, "exec"))
+    assert not any(":q!" in row for row in shown), shown  # vim never saw the command
+    tmux.keys("watch", "C-\\")
+    tmux.keys("watch", "d")
+    tmux.expect("watch", r"rc=0")
+    tmux.keys("exec", ":q!", "Enter")
+    tmux.expect("exec", r"rc=0")  # vim ran until the writer ended it

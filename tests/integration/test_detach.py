@@ -457,26 +457,3 @@ async def test_a_cancel_during_the_replay_ends_it(address: str) -> None:
         await again.cancel()
     await until_listed(address, lambda s: s == [], timeout=10)
     assert await wait_until(lambda: processes_in_group(session.pid or 0) == [], timeout=5)
-
-
-async def test_an_observer_is_never_given_a_writers_rights(address: str) -> None:
-    """Section 11's observers are not served yet: an `attach` asking to watch is refused,
-    naming why, rather than attached as a writer (which could steal and type); `attached`
-    says the role it gives."""
-    async with connect(address, multiplex=True) as conn:
-        session = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True)
-        session_id = session.id or ""
-        await session.detach()
-    async with raw_peer(address) as peer:
-        await peer.send(HELLO + ctrl(1, {"type": "attach", "session": session_id,
-                                         "role": "observer", "steal": True}))
-        assert (await peer.next_control())["type"] == "welcome"
-        refused = await peer.next_control()
-        assert refused["type"] == "error" and refused["code"] == "bad_request", refused
-        assert "observers" in str(refused["message"])
-    async with raw_peer(address) as peer:
-        await peer.send(HELLO + ctrl(1, Attach(session=session_id)))
-        assert (await peer.next_control())["type"] == "welcome"
-        attached = await peer.next_control()
-        assert attached["type"] == "attached" and attached["role"] == "writer", attached
-        await peer.send(ctrl(1, {"type": "cancel"}))

@@ -15,6 +15,7 @@ from ttyserve.protocol.messages import (
     Attached,
     Exit,
     Hello,
+    Offsets,
     Open,
     Opened,
     encode_message,
@@ -22,6 +23,7 @@ from ttyserve.protocol.messages import (
 )
 from ttyserve.protocol.server import HelloReceived, OpenRequested, ServerConnection
 from ttyserve.server.attachment import Attachment
+from ttyserve.server.observer import Observer
 from ttyserve.server.session import ServerSession
 from ttyserve.transport.readiness import Watch
 
@@ -153,7 +155,7 @@ class Wire:
         assert isinstance(event, HelloReceived)
         self.core.accept_hello("test")
         self.room = True  # whether the connection's send queue has room
-        self.ended: list[Attachment] = []
+        self.ended: list[Attachment | Observer] = []
         self._decoder = FrameDecoder(1 << 30)
         self._channels = 0
 
@@ -186,10 +188,18 @@ class Wire:
     def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
         self.core.send_output(channel, kind, bytes(data))
 
-    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+    peer = "test"
+
+    def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         self.core.attached(attachment.channel, answer)
 
-    def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
+    def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
+        self.core.send_skipped(channel, size, offsets)
+
+    def send_audience(self, channel: int, observers: int) -> None:
+        self.core.send_audience(channel, observers)
+
+    def end_channel(self, attachment: Attachment | Observer, last: Exit | str | None) -> bool:
         self.ended.append(attachment)
         if isinstance(last, Exit):
             return self.core.send_exit(attachment.channel, last)

@@ -324,3 +324,53 @@ async def test_the_drain_lets_undetachable_sessions_end_and_a_shutdown_ends_the_
     finally:
         server.stop()
     assert upgraded(short_dir) == []
+
+
+async def test_a_writer_two_observers_and_a_grant_come_through_an_upgrade(
+        served: ServerProcess, install: Path, short_dir: Path) -> None:
+    """Section 11 across section 12: the writer and two observers (through a grant) resume at
+    their offsets, each gets what was written after, once; the grant works afterwards, for
+    a new observer, and its owner can still revoke it."""
+    address = served.addresses[0]
+    resumed: list[Session] = []
+
+    def heard(event: Lost | Resumed) -> None:
+        if isinstance(event, Resumed):
+            resumed.append(event.session)
+
+    async with connect(address, multiplex=True, on_resume=heard) as owner:
+        writer = await owner.spawn(["cat"], pty=False, resume=30)
+        shared = await owner.share(str(writer.id), ttl=600)
+        async with connect(address, multiplex=True, grant=shared.grant,
+                           on_resume=heard) as guest:
+            observers = [await guest.attach(str(writer.id), role="observer", resume=30)
+                         for _ in range(2)]
+            watching = [writer, *observers]
+            await writer.send(b"before\n")
+            for session in watching:
+                chunk = await session.receive()
+                assert chunk is not None and chunk.data == b"before\n"
+            set_version(install, NEW_VERSION)
+            os.kill(served.pid, signal.SIGUSR2)
+            assert await wait_until(lambda: bool(upgraded(short_dir)), 30), (
+                served.stderr_tail())
+            await writer.send(b"after\n")  # (it waits for the writer's resume)
+            for session in watching:
+                with anyio.fail_after(20):
+                    chunk = await session.receive()
+                assert chunk is not None and chunk.data == b"after\n"  # nothing twice
+            assert sorted(map(id, resumed)) == sorted(map(id, watching))
+            assert [s.role for s in watching] == ["writer", "observer", "observer"]
+        async with connect(address, multiplex=True, grant=shared.grant) as late:
+            newcomer = await late.attach(str(writer.id), role="observer")
+            await writer.send(b"later\n")
+            seen = b""
+            while not seen.endswith(b"later\n"):  # the scrollback, then what came live
+                chunk = await newcomer.receive()
+                assert chunk is not None
+                seen += chunk.data
+            assert seen == b"before\nafter\nlater\n"
+            answer = await owner.unshare(shared.grant)
+            assert answer.channels == 1
+        await writer.eof()
+        assert (await writer.wait()).code == 0

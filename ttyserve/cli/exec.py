@@ -20,6 +20,7 @@ import anyio
 import anyio.abc
 
 from ..client.api import connect
+from ..client.connection import Connection
 from ..client.retry import RETRIED
 from ..client.session import Lost, ResumeEvent, Session
 from ..credentials import tls_context
@@ -27,12 +28,22 @@ from ..defaults import GOODBYE_WAIT, STDIN_READ
 from ..errors import (
     ConfigError,
     ConnectionLost,
+    ErrorCode,
     RemoteProtocolError,
+    RequestError,
     SessionDetached,
     TargetFailure,
 )
 from ..exitcodes import ExecExit, exec_exit_code
-from ..protocol.messages import DEFAULT_TERM, STOLEN, members
+from ..protocol.messages import (
+    DEFAULT_TERM,
+    EXPIRED,
+    OBSERVER,
+    REVOKED,
+    STOLEN,
+    WRITER,
+    members,
+)
 from ..protocol.terminal_modes import TerminalModes
 from . import terminal
 from .exec_report import (
@@ -51,6 +62,9 @@ from .exec_report import (
 from .terminal import DetachKey
 
 DETACH_PAUSE = 1.0  # seconds after which the start of the detach key, typed alone, goes on
+CTRL_C = b"\x03"  # typed by an observer at a raw terminal: it leaves (nothing is sent)
+_ENDED_HERE = {STOLEN: "another client took the session over",
+               REVOKED: "the grant was revoked", EXPIRED: "the grant has expired"}
 
 
 class DetachedHere(Exception):
@@ -85,11 +99,9 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                     remote_command=options.remote_command,
                     carrier_stderr=carrier_stderr, multiplex=options.multiplex,
                     heartbeat=options.heartbeat, on_resume=_resume_reporter(options, out),
-                    persist=options.multiplex))
+                    persist=options.multiplex, grant=options.grant))
                 if options.attach is not None:
-                    session = await conn.attach(options.attach, steal=options.steal,
-                                                rows=size[0], cols=size[1],
-                                                resume=options.resume)
+                    session = await _attach(conn, options, size)
                 else:
                     session = await conn.spawn(
                         options.argv, pty=pty, rows=size[0], cols=size[1],
@@ -108,6 +120,22 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 out.event("opened", pid=session.pid)
             yield session
             return
+
+
+async def _attach(conn: Connection, options: ExecOptions, size: tuple[int, int]) -> Session:
+    """`attach`: as writer, or as observer (--observe); with a grant, in the grant's role (an
+    observer grant refuses a writer's attach with forbidden: it is asked again, to watch)."""
+    assert options.attach is not None
+    role = OBSERVER if options.observe else WRITER
+    try:
+        return await conn.attach(options.attach, steal=options.steal, rows=size[0],
+                                 cols=size[1], resume=options.resume, role=role)
+    except RequestError as exc:
+        grant = conn.welcome.grant if conn.welcome is not None else None
+        if (exc.code != ErrorCode.FORBIDDEN or role == OBSERVER or grant is None
+                or grant.role != OBSERVER):
+            raise
+    return await conn.attach(options.attach, resume=options.resume, role=OBSERVER)
 
 
 def _resume_reporter(options: ExecOptions, out: Output) -> Callable[[ResumeEvent], None]:
@@ -147,7 +175,11 @@ async def _quietly(work: Awaitable[None]) -> None:
 
 async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> None:
     """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin).
-    With ``detach``, typing its sequence detaches the session instead."""
+    With ``detach``, typing its sequence detaches the session instead. An observer's keys
+    go nowhere: only the detach key (and Ctrl-C, at a terminal) are looked for, to leave."""
+    if session.role == OBSERVER:
+        await _watch_stdin(session, detach)
+        return
     try:
         pollable = not stat.S_ISREG(os.fstat(0).st_mode)
     except OSError:
@@ -188,6 +220,27 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
         await session.send(data)
 
 
+async def _watch_stdin(session: Session, detach: DetachKey | None) -> None:
+    """An observer's stdin at a raw terminal: typed keys are dropped here (the server would
+    discard them anyway); the detach key or Ctrl-C leaves."""
+    if not os.isatty(0):
+        return  # not at a terminal: there is nothing to read for
+    while True:
+        await anyio.wait_readable(0)
+        try:
+            data = os.read(0, STDIN_READ)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        detaching = detach is not None and detach.feed(data)[1]
+        if detaching or CTRL_C in data:
+            await session.detach()
+            return
+
+
 async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                   signals: AsyncIterator[int], detach: DetachKey | None = None,
                   detach_on_hangup: bool = False) -> int:
@@ -213,6 +266,10 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
         nonlocal abort
         interrupted = False
         async for signum in signals:
+            if session.role == OBSERVER:  # it changes nothing there: a signal to stop leaves
+                if signum != signal.SIGWINCH:
+                    tg.start_soon(_quietly, session.detach())
+                continue
             if signum == signal.SIGWINCH:
                 if pty:
                     tg.start_soon(_quietly, session.resize(
@@ -303,8 +360,8 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
                 return await _stream(session, out, pty, raw, signals, detach,
                                      options.detachable or options.attach is not None)
     except DetachedHere as exc:  # told once the terminal is back to normal
-        if exc.reason == STOLEN:
-            say("another client took the session over")
+        if exc.reason in _ENDED_HERE:
+            say(_ENDED_HERE[exc.reason])
         tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
         return ExecExit.DETACHED
     except ExecFailure as exc:

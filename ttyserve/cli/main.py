@@ -1,4 +1,5 @@
-"""Command line: `ttyserve serve`, `exec` and `sessions`. The only place that calls sys.exit."""
+"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share` and `unshare`. The
+only place that calls sys.exit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from collections.abc import Sequence
 
 from ..addresses import Address, default_address, parse_address
 from ..credentials import read_token
-from ..defaults import DEFAULT_HEARTBEAT, DEFAULT_PARALLEL, DEFAULT_REMOTE_COMMAND, MAX_HEARTBEAT
+from ..defaults import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_PARALLEL,
+    DEFAULT_REMOTE_COMMAND,
+    DEFAULT_SHARE_TTL,
+    MAX_HEARTBEAT,
+)
 from ..errors import AddressError, ConfigError, UsageError
 from ..exitcodes import ExecExit, ServeExit
 from ..version import __version__
@@ -18,7 +25,8 @@ from .terminal import DEFAULT_DETACH_KEY, parse_key
 DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients
 (serve), run a command on such a server as if it ran here (exec), reattach to a
-session that outlived its client (attach), or list sessions (sessions).
+session that outlived its client (attach), list sessions (sessions), or let
+someone watch one (share, unshare).
 `ttyserve COMMAND --help` for details."""
 
 
@@ -118,9 +126,33 @@ def build_parser(command: str | None = None) -> _Parser:
     _client_arguments(attach)
     attach.add_argument("--steal", action="store_true",
                         help="take the session over from the client attached to it")
+    attach.add_argument("--observe", action="store_true",
+                        help="watch read-only: keys typed are not sent (the detach key and "
+                             "Ctrl-C leave), the writer is not disturbed")
+    attach.add_argument("--grant", metavar="GRANT",
+                        help="come in with a grant (ttyserve share) instead of the token: "
+                             "attach in the grant's role")
     attach.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
     attach.add_argument("session", metavar="ID", help="the session's id (exec and sessions "
                         "--live show it)")
+
+    share = commands.add_parser(
+        "share", help="let someone without the token watch (or write to) one session")
+    share.usage_exit = ExecExit.FAILURE
+    _connect_arguments(share)
+    share.add_argument("--writer", action="store_true",
+                       help="the grant lets its holder type too (default: watch only)")
+    share.add_argument("--ttl", type=_duration, default=DEFAULT_SHARE_TTL, metavar="DURATION",
+                       help="how long the grant lasts: 90, 30m, 1h, 2d (default 1h; at most "
+                            "the server's --max-share-ttl)")
+    share.add_argument("--json", action="store_true",
+                       help="the grant as one JSON object (with its id, role, expiry)")
+    share.add_argument("session", metavar="ID", help="the session's id")
+    unshare = commands.add_parser("unshare", help="revoke a grant: its viewers are detached")
+    unshare.usage_exit = ExecExit.FAILURE
+    _connect_arguments(unshare)
+    unshare.add_argument("grant", metavar="GRANT",
+                         help="the grant, or its id (gid-..., as sessions --live shows)")
 
     sessions = commands.add_parser(
         "sessions", help="list recent sessions from a journal, or a server's live ones")
@@ -140,6 +172,27 @@ def build_parser(command: str | None = None) -> _Parser:
     sessions.add_argument("--limit", type=_non_negative, default=50, metavar="N",
                           help="most recent N sessions (default 50; 0 for all)")
     return parser
+
+
+def _connect_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and with what a command that only asks the server something connects."""
+    parser.add_argument("--connect", metavar="ADDR",
+                        help="server address (default: $TTYSERVE_CONNECT, else the user's "
+                             "socket); a ws: or wss: one also prints the page's link")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="file (mode 600) holding the server's token (default: "
+                             "$TTYSERVE_TOKEN)")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="CA certificates that sign the server's (default: the system's)")
+
+
+def _duration(text: str) -> int:
+    from .share import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
@@ -293,7 +346,27 @@ def _attach(args: argparse.Namespace) -> int:
                                  detach_key=args.detach_key, attach=args.session,
                                  steal=args.steal, remote_command=args.remote_command,
                                  target=args.connect or "", resume=args.resume,
-                                 heartbeat=args.heartbeat))
+                                 heartbeat=args.heartbeat, observe=args.observe,
+                                 grant=args.grant))
+
+
+def _share(args: argparse.Namespace) -> int:
+    from .share import share_main
+
+    reached = _connection(args, "share")
+    if reached is None:
+        return ExecExit.FAILURE
+    return share_main(reached[0], reached[1], args.tls_ca, args.session, args.writer,
+                      args.ttl, args.json)
+
+
+def _unshare(args: argparse.Namespace) -> int:
+    from .share import unshare_main
+
+    reached = _connection(args, "unshare")
+    if reached is None:
+        return ExecExit.FAILURE
+    return unshare_main(reached[0], reached[1], args.tls_ca, args.grant)
 
 
 def _sessions(args: argparse.Namespace) -> int:
@@ -327,8 +400,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
-    handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions}
+    handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions,
+                "share": _share, "unshare": _unshare}
     sys.exit(handlers[args.subcommand](args))
 
 
-COMMANDS = ("serve", "exec", "attach", "sessions")
+COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare")

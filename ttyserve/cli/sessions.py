@@ -83,6 +83,11 @@ def _state(info: SessionInfo) -> str:
     return f"exited {info.exit.get('code')}"
 
 
+def _grants(info: SessionInfo) -> str:
+    """Each open grant: its id, role and expiry (never the grant itself)."""
+    return ",".join(f"{g.id}:{g.role}:{g.expires}" for g in info.grants) or "-"
+
+
 async def _live(address: Address, token: str | None, tls: ssl.SSLContext | None,
                 ) -> list[SessionInfo]:
     async with connect(address, token=token, tls=tls, multiplex=True) as conn:
@@ -101,8 +106,9 @@ def live_main(address: Address, token: str | None, tls_ca: str | None, as_json: 
         for info in sessions:
             sys.stdout.write(msgspec.json.encode(info).decode() + "\n")
         return 0
-    rows = [("SESSION", "PID", "PTY", "STARTED", "STATE", "COMMAND")]
+    rows = [("SESSION", "PID", "PTY", "STARTED", "STATE", "WATCHING", "GRANTS", "COMMAND")]
     rows += [(info.session, str(info.pid), "yes" if info.pty else "no", info.started,
-              _state(info), shlex.join(info.argv)) for info in sessions]
+              _state(info), str(info.observers), _grants(info), shlex.join(info.argv))
+             for info in sessions]
     _table(rows)
     return 0

@@ -70,8 +70,13 @@ async def connect(
     heartbeat: int | None = None,
     on_resume: Callable[[ResumeEvent], None] | None = None,
     persist: bool = False,
+    grant: str | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect and say `hello`; `open` may follow at once (pipelined).
+
+    A ``grant`` (made by `Connection.share`, section 11) stands for the token: the
+    connection may then attach that one session, in at most the grant's role
+    (`connection.welcome.grant` says which), and nothing else.
 
     An `ssh://` or `via:` address starts a carrier that runs ``remote_command serve
     --stdio`` on the far side; its stderr lines go to ``carrier_stderr`` (default: our
@@ -121,8 +126,9 @@ async def connect(
         stack.push_async_callback(transport.aclose)
         return transport, None
 
-    hello = Hello(protocol=PROTOCOL_VERSION, token=token, client=client_name,
-                  multiplex=multiplex, window=window, heartbeat=heartbeat)
+    hello = Hello(protocol=PROTOCOL_VERSION, token=None if grant else token,
+                  client=client_name, multiplex=multiplex, window=window, heartbeat=heartbeat,
+                  grant=grant)
     async with contextlib.AsyncExitStack() as stack:
         transport, carrier = await dial(stack)
         connection = Connection(transport, hello, carrier, redial=dial, on_resume=on_resume)

@@ -28,12 +28,14 @@ import anyio.abc
 from ..defaults import CLIENT_RECEIVE, DEFAULT_HEARTBEAT
 from ..errors import ConnectionLost, RemoteProtocolError, RequestError
 from ..protocol.client import (
+    AnswerReceived,
     AttachedReceived,
     ClientConnection,
     ClientEvent,
     DetachedReceived,
     ErrorReceived,
     ExitReceived,
+    NoticeReceived,
     OpenRefused,
     OutputReceived,
     PingReceived,
@@ -46,15 +48,23 @@ from ..protocol.messages import (
     DEFAULT_COLS,
     DEFAULT_ROWS,
     DEFAULT_TERM,
+    OBSERVER,
+    WRITER,
     Attach,
     Detach,
     Eof,
+    Error,
     Hello,
     Message,
     Offsets,
     Open,
+    Role,
     SessionInfo,
     Sessions,
+    Share,
+    Shared,
+    Unshare,
+    Unshared,
     Welcome,
     request_error,
 )
@@ -68,6 +78,7 @@ if TYPE_CHECKING:
 
 FIRST_BYTES_SHOWN = 60
 _CHANNEL_ENDS = (ExitReceived, DetachedReceived, OpenRefused)  # a channel's last event
+_Answer = Sessions | Shared | Unshared | Error  # what a request on channel 0 gets
 # Dial a new link, its resources (a carrier) entered into the stack, within a time (where it
 # can be bounded: a carrier's ssh has its own): what `connect` did.
 Dial = Callable[[contextlib.AsyncExitStack, float],
@@ -109,7 +120,8 @@ class Connection:
         self._link = self._new_link(transport, carrier)
         self._sessions: dict[int, Session] = {}  # by channel, on the current link
         self._detach_when_attached: set[int] = set()  # attaches whose waiter gave up
-        self._listings: list[tuple[list[Sessions | Exception], anyio.Event]] = []
+        # Requests on channel 0 waiting for their answers, which come in the order asked.
+        self._asked: list[tuple[list[_Answer | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
         self._resuming: list[Session] | None = None  # while a lost link is replaced
         self._attempt = 0  # links dialled since a session last came back (the backoff)
@@ -167,28 +179,64 @@ class Connection:
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
                      cols: int | None = None, offsets: Offsets | None = None,
-                     resume: float | None = None) -> Session:
+                     resume: float | None = None, role: Role = WRITER) -> Session:
         """Take over a detachable session: its scrollback comes first, then live output, then
         its exit (even if it ended while detached). With ``rows`` and ``cols`` its terminal
         is resized first; with ``offsets`` (the bytes already held, per stream) the output
         begins there, and `session.offsets` says where it really began. ``resume``: as in
         `spawn`. Raises RequestError: no_such_session, bad_request (an offset beyond the
         output), or session_in_use (attached elsewhere; ``steal`` takes it over, and the
-        other client's channel ends)."""
+        other client's channel ends).
+
+        ``role="observer"`` watches instead (section 11): the same output, but nothing it
+        sends reaches the process, it never conflicts with the writer, and when it falls
+        a scrollback behind the server skips it forward (`session.skipped` counts it).
+        Raises RequestError busy when the session has its maximum of observers."""
         return await self._begin(Attach(session=session_id, rows=rows, cols=cols,
-                                        steal=steal, offsets=offsets), None, resume)
+                                        steal=steal, offsets=offsets, role=role), None, resume)
 
     async def list_sessions(self) -> list[SessionInfo]:
-        """This principal's detachable sessions, running, detached or ended (section 9)."""
+        """This principal's detachable sessions, running, detached or ended (section 9),
+        each with its observers and open grants."""
         link = await self._current()
-        waiter: list[Sessions | Exception] = []
+        answer = await self._ask(link, link.core.list_sessions())
+        assert isinstance(answer, Sessions)
+        return answer.sessions
+
+    async def share(self, session_id: str, *, role: Role = OBSERVER,
+                    ttl: int | None = None) -> Shared:
+        """Make a grant for one of this principal's sessions (section 11): whoever holds
+        `shared.grant` may attach it in ``role`` for ``ttl`` seconds (the server's default,
+        an hour, when None), without the token. Raises RequestError no_such_session, or
+        bad_request for a ttl over the server's --max-share-ttl."""
+        link = await self._current()
+        answer = await self._ask(link, link.core.share(Share(session=session_id, role=role,
+                                                             ttl=ttl)))
+        assert isinstance(answer, Shared)
+        return answer
+
+    async def unshare(self, grant: str) -> Unshared:
+        """Revoke a grant (the grant itself, or its public id): every channel attached
+        through it ends with `detached` "revoked" at once. Raises RequestError
+        no_such_session for a grant unknown, over, or another's."""
+        link = await self._current()
+        answer = await self._ask(link, link.core.unshare(Unshare(grant=grant)))
+        assert isinstance(answer, Unshared)
+        return answer
+
+    async def _ask(self, link: _Link, frame: bytes) -> _Answer:
+        """Send a request on channel 0 and wait for its answer; raise its refusal."""
+        waiter: list[_Answer | Exception] = []
         done = anyio.Event()
-        self._listings.append((waiter, done))
-        await self._write(link, link.core.list_sessions())
+        self._asked.append((waiter, done))
+        await self._write(link, frame)
         await done.wait()
-        if isinstance(waiter[0], Exception):
-            raise waiter[0]
-        return waiter[0].sessions
+        answer = waiter[0]
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, Error):
+            raise request_error(answer)
+        return answer
 
     async def _begin(self, request: Open | Attach, pty: bool | None,
                      resume: float | None) -> Session:
@@ -374,7 +422,7 @@ class Connection:
         self._relinked = anyio.Event()
         self._sessions.clear()
         self._detach_when_attached.clear()
-        self._fail_listings(failure)
+        self._fail_requests(failure)
         for session in others:
             await session.feed(ConnectionEnded(failure))
         if lost is first and lost.carrier is None:
@@ -418,7 +466,8 @@ class Connection:
 
     def _adopt(self, link: _Link, resuming: list[Session]) -> None:
         """The new link: `hello`, then an `attach` with offsets (and steal: the server may
-        not know yet that the old link is dead) for each resuming session."""
+        not know yet that the old link is dead; an observer's is its role again) for each
+        resuming session."""
         assert self._tasks is not None
         link.outbox.attach(self._tasks)
         frames = [link.core.hello(self._hello)]
@@ -426,7 +475,8 @@ class Connection:
             assert session.id is not None
             channel = next(self._channels)
             frames.append(link.core.open(channel, Attach(
-                session=session.id, steal=True, offsets=session.offsets)))
+                session=session.id, steal=session.role == WRITER, offsets=session.offsets,
+                role=session.role)))
             session.channel = channel
             self._sessions[channel] = session
         self._link = link
@@ -494,10 +544,11 @@ class Connection:
                 await session.feed(event)
         elif isinstance(event, PingReceived):
             self._push(link, link.core.pong())
-        elif isinstance(event, SessionsReceived):
-            if self._listings:
-                waiter, done = self._listings.pop(0)
-                waiter.append(event.sessions)
+        elif isinstance(event, SessionsReceived | AnswerReceived):
+            if self._asked:
+                waiter, done = self._asked.pop(0)
+                waiter.append(event.sessions if isinstance(event, SessionsReceived)
+                              else event.answer)
                 done.set()
         elif isinstance(event, WelcomeReceived):
             if link.carrier is not None:
@@ -508,6 +559,9 @@ class Connection:
             link.failure = request_error(event.error)  # the server closes the link next
             if not link.failure.retriable:
                 self._fail(link.failure)
+        elif isinstance(event, NoticeReceived):
+            if (session := self._sessions.get(event.channel)) is not None:
+                await session.feed(event)
         elif isinstance(event, AttachedReceived) and event.channel in self._detach_when_attached:
             self._detach_when_attached.discard(event.channel)
             self._push(link, link.core.control(event.channel, Detach()))
@@ -590,13 +644,13 @@ class Connection:
         if self._failure is None:
             self._failure = exc
             self._failed.set()
-        self._fail_listings(self._failure)
+        self._fail_requests(self._failure)
 
-    def _fail_listings(self, failure: Exception) -> None:
-        for waiter, done in self._listings:
+    def _fail_requests(self, failure: Exception) -> None:
+        for waiter, done in self._asked:
             waiter.append(failure)
             done.set()
-        self._listings.clear()
+        self._asked.clear()
 
 
 def _whole_seconds(seconds: float | None) -> int | None:

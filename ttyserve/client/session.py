@@ -29,6 +29,7 @@ from ..protocol.client import (
     DetachedReceived,
     ErrorReceived,
     ExitReceived,
+    NoticeReceived,
     OpenedReceived,
     OpenRefused,
     OutputReceived,
@@ -36,6 +37,9 @@ from ..protocol.client import (
 )
 from ..protocol.frames import FrameKind
 from ..protocol.messages import (
+    OBSERVER,
+    WRITER,
+    Audience,
     Detach,
     Detached,
     Eof,
@@ -44,6 +48,7 @@ from ..protocol.messages import (
     Message,
     Offsets,
     Resize,
+    Role,
     Signal,
     SignalName,
     request_error,
@@ -90,7 +95,7 @@ ResumeEvent = Lost | Resumed
 
 SessionEvent = (
     OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
-    | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded
+    | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded | NoticeReceived
 )
 _Item = OutputChunk | Exit | Detached | Error
 
@@ -148,6 +153,9 @@ class Session:
         self.pty: bool | None = None  # whether it runs under a PTY, as the server said
         self.dropped = 0  # for an attached session: output lost from its ring before
         self.prologue: str | None = None  # for an attached PTY: what restores the terminal
+        self.role: Role = WRITER  # section 11: an attach as observer only watches
+        self.observers = 0  # for the writer: how many watch now (`audience`)
+        self.skipped = 0  # for an observer: output the server skipped it past (it fell behind)
         self.status: Exit | None = None
         self.detached: Detached | None = None  # the channel ended, the session goes on
         self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
@@ -180,8 +188,12 @@ class Session:
         """Write to the process's stdin (or type into its terminal).
 
         Split into frames the server takes; on a windowed connection this waits
-        for STDIN credit, as the server grants it while the process reads.
+        for STDIN credit, as the server grants it while the process reads. An observer's
+        input would reach nothing: LocalProtocolError.
         """
+        if self.role == OBSERVER:
+            raise LocalProtocolError("this session is observed, not written to: its input "
+                                     "would reach nothing")
         link = self._link
         view = memoryview(data)
         while view:
@@ -220,7 +232,11 @@ class Session:
             await self._control(Detach())
 
     async def cancel(self) -> None:
-        """End the session now: the server kills the process group; no `exit` follows."""
+        """End the session now: the server kills the process group; no `exit` follows. An
+        observer cannot end the session: it detaches, and the session goes on."""
+        if self.role == OBSERVER:
+            await self.detach()
+            return
         if self.status is None and not self._cancelled:
             self._cancelled = True
             self._send.close()
@@ -327,7 +343,19 @@ class Session:
                                        stderr=attached.offsets.stderr)
             self._stale = self._unread
             self.prologue = attached.prologue
+            self.role = attached.role or WRITER
             self._answered.set()
+        elif isinstance(event, NoticeReceived):
+            notice = event.notice
+            if isinstance(notice, Audience):
+                self.observers = notice.observers
+            else:  # skipped: the streams go on that much later
+                self.skipped += notice.bytes
+                if notice.offsets is not None:
+                    self.offsets = Offsets(stdout=notice.offsets.stdout,
+                                           stderr=notice.offsets.stderr)
+                else:
+                    self.offsets.stdout += notice.bytes
         elif isinstance(event, OpenRefused):
             if self._answered.is_set():  # a resume's attach: the session is gone
                 error = event.error

@@ -94,6 +94,7 @@ class Channel(msgspec.Struct):
     pty: bool = True
     output: Credit | None = None
     stdin: Credit | None = None
+    observer: bool = False  # attached as an observer (section 11): it may only watch
 
 
 class IdSet:

@@ -27,6 +27,7 @@ from .messages import (
     SERVER_MESSAGES,
     Attach,
     Attached,
+    Audience,
     Cancel,
     Detached,
     Error,
@@ -40,6 +41,11 @@ from .messages import (
     Pong,
     Release,
     Sessions,
+    Share,
+    Shared,
+    Skipped,
+    Unshare,
+    Unshared,
     Welcome,
     Window,
     convert_message,
@@ -48,6 +54,10 @@ from .messages import (
 )
 
 RECENT_ENDS = 1024  # channels the server ended that we remember, to catch a frame after the end
+# Codes of an `error` on channel 0 that refuse one request there (`share`, `unshare`, `list`
+# on a grant's connection) while the connection goes on; any other ends the connection.
+REQUEST_REFUSALS = frozenset({ErrorCode.BAD_REQUEST, ErrorCode.FORBIDDEN,
+                              ErrorCode.NO_SUCH_SESSION, ErrorCode.UNKNOWN_MESSAGE})
 
 
 class WelcomeReceived(msgspec.Struct, frozen=True):
@@ -73,6 +83,20 @@ class DetachedReceived(msgspec.Struct, frozen=True):
 
 class SessionsReceived(msgspec.Struct, frozen=True):
     sessions: Sessions
+
+
+class AnswerReceived(msgspec.Struct, frozen=True):
+    """The answer to a request on channel 0 (`shared`, `unshared`), or its refusal."""
+
+    answer: Shared | Unshared | Error
+
+
+class NoticeReceived(msgspec.Struct, frozen=True):
+    """Section 11's news on a live channel: `skipped` (an observer fell behind) or
+    `audience` (to the writer: how many watch)."""
+
+    channel: int
+    notice: Skipped | Audience
 
 
 class OpenRefused(msgspec.Struct, frozen=True):
@@ -113,7 +137,7 @@ class StdinCreditGranted(msgspec.Struct, frozen=True):
 ClientEvent = (
     WelcomeReceived | OpenedReceived | AttachedReceived | OpenRefused | OutputReceived
     | ExitReceived | DetachedReceived | ErrorReceived | StdinCreditGranted | SessionsReceived
-    | PingReceived
+    | PingReceived | AnswerReceived | NoticeReceived
 )
 
 
@@ -154,6 +178,19 @@ class ClientConnection:
         if self.hello_sent is None:
             raise LocalProtocolError("'list' before 'hello'")
         return _control_frame(0, List())
+
+    def share(self, request: Share) -> bytes:
+        """Frame `share` (channel 0); the answer is an AnswerReceived event."""
+        return self._channel_0(request)
+
+    def unshare(self, request: Unshare) -> bytes:
+        """Frame `unshare` (channel 0); the answer is an AnswerReceived event."""
+        return self._channel_0(request)
+
+    def _channel_0(self, request: Message) -> bytes:
+        if self.hello_sent is None:
+            raise LocalProtocolError(f"'{type(request).__name__.lower()}' before 'hello'")
+        return _control_frame(0, request)
 
     def release(self, session: str) -> bytes:
         """Frame `release` (channel 0): an ended session's exit was read, forget it."""
@@ -318,6 +355,10 @@ class ClientConnection:
             if record.stdin is not None:
                 record.stdin.add(message.bytes)
             return StdinCreditGranted(channel)
+        if isinstance(message, Skipped | Audience):
+            if record.state is not ChannelState.OPEN:
+                raise RemoteProtocolError(f"{msg_type!r} on channel {channel} before 'attached'")
+            return NoticeReceived(channel, message)
         step = _STEPS.get(type(message))
         if step is None or next_state(record.state, step) is None:
             raise RemoteProtocolError(
@@ -339,6 +380,8 @@ class ClientConnection:
     def _connection_message(self, message: Message) -> ClientEvent | None:
         if isinstance(message, Sessions):
             return SessionsReceived(message)
+        if isinstance(message, Shared | Unshared):
+            return AnswerReceived(message)
         if isinstance(message, Ping):
             return PingReceived()
         if isinstance(message, Pong):
@@ -360,6 +403,8 @@ class ClientConnection:
                 self.channels.step(named, Step.REFUSED)
                 self._remember_end(named)
                 return OpenRefused(named, message)
+        if message.code in REQUEST_REFUSALS:
+            return AnswerReceived(message)
         return ErrorReceived(0, message)
 
     def _remember_end(self, channel: int) -> None:

@@ -22,6 +22,7 @@ DEFAULT_TERM = "xterm-256color"
 Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
 Role = Literal["writer", "observer"]  # section 11: how a channel is attached to a session
 WRITER: Role = "writer"
+OBSERVER: Role = "observer"
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
 Offset = Annotated[int, msgspec.Meta(ge=0)]
@@ -45,6 +46,7 @@ class Hello(Message, tag="hello"):
     multiplex: bool = False
     window: ChannelCredit | None = None
     heartbeat: HeartbeatSeconds | None = None  # section 10: each side speaks every S seconds
+    grant: str | None = None  # section 11: instead of `token`, admitted for one session
 
 
 class Open(Message, tag="open"):
@@ -82,6 +84,21 @@ class Release(Message, tag="release"):
     """On channel 0: forget an ended session now, its exit read (section 10)."""
 
     session: str
+
+
+class Share(Message, tag="share"):
+    """On channel 0: make a grant for one of the caller's sessions (section 11)."""
+
+    session: str
+    role: Role = OBSERVER
+    # Seconds, at most the server's --max-share-ttl; none: DEFAULT_SHARE_TTL within that.
+    ttl: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class Unshare(Message, tag="unshare"):
+    """On channel 0: revoke a grant (the grant itself, or its public id: `shared.id`)."""
+
+    grant: str
 
 
 class Ping(Message, tag="ping"):
@@ -126,12 +143,22 @@ class Window(Message, tag="window"):
 # --- server -> client -------------------------------------------------------
 
 
+class GrantScope(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What a connection admitted by a grant may do: attach one session, in at most one
+    role, until a time (sent in `welcome`, so a page knows the role to attach with)."""
+
+    session: str
+    role: Role
+    expires: str  # RFC 3339
+
+
 class Welcome(Message, tag="welcome"):
     protocol: int
     server: str
     max_frame: int
     window: int | None = None
     heartbeat: int | None = None  # the client's `hello.heartbeat`, agreed
+    grant: GrantScope | None = None  # section 11: the connection came with `hello.grant`
 
 
 class Opened(Message, tag="opened"):
@@ -152,12 +179,52 @@ class Attached(Message, tag="attached"):
 
 
 STOLEN = "stolen"  # the reason of `detached` when another channel attached with steal
+REVOKED = "revoked"  # ...when the grant the channel was attached through was unshared
+EXPIRED = "expired"  # ...when that grant's time ran out
 
 
 class Detached(Message, tag="detached"):
     """A channel's last frame when its session goes on without it."""
 
-    reason: str | None = None  # STOLEN, or none for a `detach`
+    reason: str | None = None  # STOLEN, REVOKED, EXPIRED, or none for a `detach`
+
+
+class Skipped(Message, tag="skipped"):
+    """To an observer that fell a scrollback behind: N bytes it will never get (section 11)."""
+
+    bytes: int
+    offsets: Offsets | None = None  # where its streams go on (always sent by this server)
+
+
+class Audience(Message, tag="audience"):
+    """To the writer: how many observers watch now (section 11)."""
+
+    observers: int
+
+
+class Shared(Message, tag="shared"):
+    """The answer to `share`: the grant (a bearer secret), and its public id for records."""
+
+    session: str
+    grant: str
+    role: Role
+    expires: str  # RFC 3339
+    id: str | None = None  # the grant's public id: what journals and listings name
+
+
+class Unshared(Message, tag="unshared"):
+    """The answer to `unshare`: the grant is gone, and ``channels`` were detached."""
+
+    id: str
+    channels: int
+
+
+class GrantInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """An open grant in `sessions`: never the grant itself."""
+
+    id: str
+    role: Role
+    expires: str  # RFC 3339
 
 
 class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -170,6 +237,8 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     started: str  # RFC 3339
     attached: bool
     exit: dict[str, Any] | None = None  # the members of its `exit` message, once ended
+    observers: int = 0  # section 11: channels watching it
+    grants: list[GrantInfo] = []  # section 11: its open grants
 
 
 class Sessions(Message, tag="sessions"):
@@ -193,20 +262,21 @@ class Error(Message, tag="error"):
 
 
 ClientMessage = (Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
-                 | Release | Ping | Pong)
+                 | Release | Ping | Pong | Share | Unshare)
 ServerMessage = (Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
-                 | Ping | Pong)
+                 | Ping | Pong | Skipped | Audience | Shared | Unshared)
 
-CLIENT_MESSAGES: dict[str, type[Message]] = {
-    "hello": Hello, "open": Open, "attach": Attach, "detach": Detach, "list": List,
-    "resize": Resize, "signal": Signal, "eof": Eof, "cancel": Cancel, "window": Window,
-    "release": Release, "ping": Ping, "pong": Pong,
-}
-SERVER_MESSAGES: dict[str, type[Message]] = {
-    "welcome": Welcome, "opened": Opened, "attached": Attached, "detached": Detached,
-    "sessions": Sessions, "exit": Exit, "error": Error, "window": Window,
-    "ping": Ping, "pong": Pong,
-}
+
+def _vocabulary(*classes: type[Message]) -> dict[str, type[Message]]:
+    return {cls.__struct_config__.tag: cls for cls in classes}  # type: ignore[misc]
+
+
+CLIENT_MESSAGES: dict[str, type[Message]] = _vocabulary(
+    Hello, Open, Attach, Detach, List, Resize, Signal, Eof, Cancel, Window, Release, Ping, Pong,
+    Share, Unshare)
+SERVER_MESSAGES: dict[str, type[Message]] = _vocabulary(
+    Welcome, Opened, Attached, Detached, Sessions, Exit, Error, Window, Ping, Pong, Skipped,
+    Audience, Shared, Unshared)
 
 _encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()

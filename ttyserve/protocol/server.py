@@ -1,4 +1,5 @@
-"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4, 7, 9 and 10.
+"""The server's end of protocol v1, without I/O: every rule of sections 1, 3, 4, 7, 9, 10 and
+11 (what an observer and a grant's connection may send).
 
 Bytes go in with `receive_data`; `next_event` hands out one event at a time,
 so the I/O layer's decisions (accept a hello, admit an open) take effect
@@ -28,22 +29,32 @@ from .frames import (
 )
 from .messages import (
     CLIENT_MESSAGES,
+    OBSERVER,
     PROTOCOL_VERSION,
+    WRITER,
     Attach,
     Attached,
+    Audience,
     Cancel,
     Detach,
     Detached,
     Exit,
+    GrantScope,
     Hello,
     List,
     Message,
+    Offsets,
     Open,
     Opened,
     Ping,
     Pong,
     Release,
     Sessions,
+    Share,
+    Shared,
+    Skipped,
+    Unshare,
+    Unshared,
     Welcome,
     Window,
     convert_message,
@@ -53,8 +64,10 @@ from .messages import (
 )
 
 Buffer = bytes | bytearray | memoryview
-_CHANNEL_0_TYPES = (List, Release, Ping, Pong)  # what goes on channel 0 only
+_CHANNEL_0_TYPES = (List, Release, Ping, Pong, Share, Unshare)  # what goes on channel 0 only
 _CHANNEL_0 = frozenset(cls.__struct_config__.tag for cls in _CHANNEL_0_TYPES)
+# Channel 0 requests refused with an `error` there, the connection going on.
+_REQUESTS_0 = frozenset(cls.__struct_config__.tag for cls in (Share, Unshare))
 
 
 class Stage(enum.Enum):
@@ -121,6 +134,18 @@ class ReleaseRequested(msgspec.Struct, frozen=True):
     session: str
 
 
+class ShareRequested(msgspec.Struct, frozen=True):
+    """`share` on channel 0: answer `send_shared`, or `refuse_request`."""
+
+    request: Share
+
+
+class UnshareRequested(msgspec.Struct, frozen=True):
+    """`unshare` on channel 0: answer `send_unshared`, or `refuse_request`."""
+
+    request: Unshare
+
+
 class CancelRequested(msgspec.Struct, frozen=True):
     """The channel has ended; its session is to be ended with nothing more sent."""
 
@@ -130,6 +155,7 @@ class CancelRequested(msgspec.Struct, frozen=True):
 ServerEvent = (
     HelloReceived | OpenRequested | AttachRequested | StdinReceived | ControlReceived
     | CreditGranted | CancelRequested | DetachRequested | ListRequested | ReleaseRequested
+    | ShareRequested | UnshareRequested
 )
 
 
@@ -153,6 +179,7 @@ class ServerConnection:
         self._session: int | None = None  # single-session: the channel that carries it
         self._undecided: int | None = None  # the `open` whose answer the I/O layer owes
         self._listed = False  # a `list` was asked: it satisfies the handshake as `open` does
+        self.scope: GrantScope | None = None  # admitted by a grant: all it may do (section 11)
         self.error: ProtocolError | None = None  # why the connection closed, if the protocol broke
 
     # --- what the I/O layer asks ------------------------------------------------
@@ -282,6 +309,8 @@ class ServerConnection:
             if channel in self.channels.used:
                 return None  # the channel has ended: discarded without a word
             raise RemoteProtocolError(f"data for channel {channel}, which was never opened")
+        if record.observer:
+            return None  # an observer's keys reach nothing (and spend no credit)
         if record.stdin is not None and not record.stdin.spend(len(payload)):
             raise RemoteProtocolError(
                 f"channel {channel}: STDIN beyond the window the server granted")
@@ -310,6 +339,11 @@ class ServerConnection:
         except RequestError as exc:
             self._frame_error(channel, exc)
             return None
+        if self.channels.live[channel].observer and not isinstance(message, Detach | Window):
+            self._frame_error(channel, RequestError(
+                ErrorCode.READ_ONLY, f"{msg_type!r} is the writer's to send: this channel "
+                "observes the session"))
+            return None
         if isinstance(message, Cancel):
             self.channels.step(channel, Step.CANCELLED)
             self._channel_ended(channel)
@@ -330,11 +364,24 @@ class ServerConnection:
 
     def _connection_message(self, msg_type: str, obj: dict[str, object],
                             ) -> ServerEvent | None:
-        """`list`, `release`, `ping` and `pong` on channel 0; a `ping` is answered here."""
+        """`list`, `release`, `ping`, `pong`, `share` and `unshare` on channel 0; a `ping` is
+        answered here. A grant's connection may do none but ping."""
         try:
             message = convert_message(msg_type, obj, CLIENT_MESSAGES)
         except RequestError as exc:
+            if msg_type in _REQUESTS_0:
+                self._frame_error(0, exc)
+                return None
             raise RemoteProtocolError(exc.message) from exc  # channel 0 has no other answer
+        if self.scope is not None and not isinstance(message, Ping | Pong):
+            self._frame_error(0, RequestError(
+                ErrorCode.FORBIDDEN, f"{msg_type!r} is not for a connection admitted by a grant "
+                f"(it may only attach session {self.scope.session})"))
+            return None
+        if isinstance(message, Share):
+            return ShareRequested(message)
+        if isinstance(message, Unshare):
+            return UnshareRequested(message)
         if isinstance(message, Ping):
             self._frame_control(0, Pong())
             return None
@@ -378,6 +425,10 @@ class ServerConnection:
             self._frame_error(channel, exc)
             self._channel_ended(channel)
             return None
+        if (refusal := self._outside_scope(request)) is not None:
+            self._frame_error(channel, refusal)
+            self._channel_ended(channel)
+            return None
         assert self.hello is not None
         self.channels.begin(channel, not isinstance(request, Open) or request.pty,
                             self.hello.window, self._stdin_window)
@@ -387,16 +438,34 @@ class ServerConnection:
         assert isinstance(request, Open)
         return OpenRequested(channel, request)
 
+    def _outside_scope(self, request: Message) -> RequestError | None:
+        """Why a grant's connection may not send this `open` or `attach` (section 11)."""
+        scope = self.scope
+        if scope is None:
+            return None
+        if not isinstance(request, Attach):
+            return RequestError(ErrorCode.FORBIDDEN, "a connection admitted by a grant may "
+                                f"only attach session {scope.session}, not open one")
+        if request.session != scope.session:
+            return RequestError(ErrorCode.FORBIDDEN, "this grant is for session "
+                                f"{scope.session}, not {request.session}")
+        if request.role == WRITER and scope.role == OBSERVER:
+            return RequestError(ErrorCode.FORBIDDEN, "this grant lets its holder observe the "
+                                "session, not write to it: attach with role observer")
+        return None
+
     # --- decisions and frames ---------------------------------------------------
 
-    def accept_hello(self, server: str) -> None:
-        """Answer `hello` with `welcome` (with the STDIN window when windows are on)."""
+    def accept_hello(self, server: str, scope: GrantScope | None = None) -> None:
+        """Answer `hello` with `welcome` (with the STDIN window when windows are on); with
+        ``scope``, the connection was admitted by a grant and may do that alone."""
         if self.stage is not Stage.DECIDING:
             raise LocalProtocolError(f"no 'hello' to accept ({self.stage.value})")
         assert self.hello is not None
+        self.scope = scope
         self._frame_control(0, Welcome(protocol=PROTOCOL_VERSION, server=server,
                                        max_frame=self.max_frame, window=self.stdin_window,
-                                       heartbeat=self.hello.heartbeat))
+                                       heartbeat=self.hello.heartbeat, grant=scope))
         self.stage = Stage.READY
 
     def close(self, error: RequestError | ProtocolError | None = None) -> None:
@@ -426,7 +495,9 @@ class ServerConnection:
         if self.stage is Stage.CLOSING or not self.channels.step(channel, Step.OPENED):
             return False
         self._decided(channel)
-        self.channels.live[channel].pty = answer.pty
+        record = self.channels.live[channel]
+        record.pty = answer.pty
+        record.observer = answer.role == OBSERVER
         self._frame_control(channel, answer)
         return True
 
@@ -442,6 +513,38 @@ class ServerConnection:
         """Answer `list` on channel 0."""
         if self.stage is not Stage.CLOSING:
             self._frame_control(0, listing)
+
+    def send_shared(self, answer: Shared) -> None:
+        """Answer `share` on channel 0."""
+        if self.stage is not Stage.CLOSING:
+            self._frame_control(0, answer)
+
+    def send_unshared(self, answer: Unshared) -> None:
+        """Answer `unshare` on channel 0."""
+        if self.stage is not Stage.CLOSING:
+            self._frame_control(0, answer)
+
+    def refuse_request(self, error: RequestError) -> None:
+        """Answer a `share` or `unshare` with `error` on channel 0; the connection goes on."""
+        if self.stage is not Stage.CLOSING:
+            self._frame_error(0, error)
+
+    def send_skipped(self, channel: int, size: int, offsets: Offsets) -> bool:
+        """Tell an observer that ``size`` bytes were skipped: its streams go on at
+        ``offsets``; False once the channel has ended."""
+        return self._frame_live(channel, Skipped(bytes=size, offsets=offsets))
+
+    def send_audience(self, channel: int, observers: int) -> bool:
+        """Tell the writer how many observers watch now."""
+        return self._frame_live(channel, Audience(observers=observers))
+
+    def _frame_live(self, channel: int, message: Message) -> bool:
+        record = self.channels.live.get(channel)
+        if (self.stage is Stage.CLOSING or record is None
+                or record.state is not ChannelState.OPEN):
+            return False
+        self._frame_control(channel, message)
+        return True
 
     def refuse(self, channel: int, error: RequestError) -> bool:
         """Answer a request on ``channel`` with `error`; refusing an `open` ends the channel.

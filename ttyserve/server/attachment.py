@@ -19,6 +19,7 @@ from ..protocol.frames import FrameKind
 from ..protocol.messages import WRITER, Attached, Exit, Offsets
 
 if TYPE_CHECKING:
+    from .observer import Observer
     from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
@@ -29,6 +30,11 @@ class ChannelHost(Protocol):
     """What an attachment needs from its connection: the channel's frames, through the one
     object that drives the connection's protocol core."""
 
+    @property
+    def peer(self) -> object:
+        """Who is at the other end (for the journal and the logs)."""
+        ...
+
     def output_limit(self, channel: int) -> int:
         """Output the channel may send now: its credit, one frame at most; 0 while the
         connection's send queue is full or the channel has ended."""
@@ -38,12 +44,20 @@ class ChannelHost(Protocol):
         """Frame output and hand it to the writer (within `output_limit`)."""
         ...
 
-    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+    def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         """Answer the channel's `attach`: from here on the channel is ``attachment``'s (its
         exit may end it before `Attachment.attach` returns)."""
         ...
 
-    def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
+    def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
+        """Tell an observer ``size`` bytes were skipped (section 11)."""
+        ...
+
+    def send_audience(self, channel: int, observers: int) -> None:
+        """Tell the writer how many observers watch now (section 11)."""
+        ...
+
+    def end_channel(self, attachment: Attachment | Observer, last: Exit | str | None) -> bool:
         """The channel's last frame: `exit` with ``last``, or `detached` (with ``last`` as
         its reason); the connection forgets the attachment. False when it had ended."""
         ...
@@ -56,12 +70,16 @@ class ChannelHost(Protocol):
 class Attachment:
     """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
 
-    __slots__ = ("_redraw", "_replay", "channel", "host", "live", "released", "session")
+    __slots__ = ("_redraw", "_replay", "channel", "grant", "host", "live", "released",
+                 "session")
+    role = WRITER
 
-    def __init__(self, host: ChannelHost, channel: int, session: ServerSession) -> None:
+    def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
+                 grant: str | None = None) -> None:
         self.host = host
         self.channel = channel
         self.session = session
+        self.grant = grant  # the public id of the grant it came through, if it did
         self.live = True  # the gate: output and the exit go out once the replay has
         self.released = False  # the channel ended, or the session let go of it
         self._replay: Chunks | None = None  # what the replay has left to send
@@ -69,7 +87,7 @@ class Attachment:
 
     @classmethod
     def attach(cls, host: ChannelHost, channel: int, session: ServerSession,
-               offsets: Offsets | None = None) -> Attachment:
+               offsets: Offsets | None = None, grant: str | None = None) -> Attachment:
         """Take over a detachable session: in one step, with no await, take its ring from
         ``offsets`` on (the bytes the client holds; the registry checked them), frame
         `attached` and become its sink; the replay starts at once. A client that holds
@@ -80,7 +98,7 @@ class Attachment:
         held = offsets or Offsets()
         begins, chunks = ring.since(held.stdout, held.stderr)
         fresh = offsets is None or begins[FrameKind.STDOUT] > held.stdout
-        attachment = cls(host, channel, session)
+        attachment = cls(host, channel, session, grant)
         attachment._replay = collections.deque(chunks)
         attachment._redraw = fresh and session.spec.pty and session.final is None
         attachment.live = False
@@ -89,6 +107,8 @@ class Attachment:
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
             prologue=session.prologue() if fresh else None, role=WRITER))
         session.attach(attachment)
+        if session.observers:
+            attachment.audience(len(session.observers))
         attachment.resume()
         return attachment
 
@@ -110,6 +130,15 @@ class Attachment:
             return False
         self.released = True
         return self.host.end_channel(self, status)
+
+    @property
+    def peer(self) -> str:
+        return str(self.host.peer)
+
+    def audience(self, observers: int) -> None:
+        """The number of observers changed (section 11)."""
+        if not self.released:
+            self.host.send_audience(self.channel, observers)
 
     def stdin_consumed(self, size: int) -> None:
         if not self.released:

@@ -1,5 +1,6 @@
 """Who may talk to the server, and as whom: tokens on TCP and TLS, uids on Unix sockets,
-and a brake on guessing. The handler reports the peer and its `hello`; this decides.
+grants for one session (section 11), and a brake on guessing. The handler reports the peer
+and its `hello`; this decides.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ErrorCode, RequestError
+from .grants import Grant, Grants
 
 log = logging.getLogger("ttyserve")
 
@@ -146,3 +148,17 @@ class Gate:
             raise RequestError(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token, "
                                "or a peer that is not allowed")
         return principal_of(peer)
+
+    def admit_grant(self, peer: Peer, secret: str, grants: Grants) -> Grant:
+        """The open grant ``secret`` names (section 11): it admits the peer on any listener,
+        for its one session; RequestError(unauthorized) for one unknown or expired (a guess,
+        counted as a wrong token is)."""
+        grant = grants.valid(secret)
+        if grant is None:
+            self.throttle.failed(peer)
+            log.warning("%s: unauthorized: unknown or expired grant", peer)
+            raise RequestError(ErrorCode.UNAUTHORIZED, "unauthorized: the grant is unknown, "
+                               "expired or revoked")
+        log.info("%s: admitted by grant %s (%s of session %s)", peer, grant.id, grant.role,
+                 grant.session)
+        return grant

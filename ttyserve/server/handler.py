@@ -26,7 +26,17 @@ from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE
 from ..errors import ErrorCode, RemoteProtocolError, RequestError
 from ..protocol.frames import FrameKind
 from ..protocol.heartbeat import Beat, Heartbeat
-from ..protocol.messages import Attached, Eof, Exit, Opened, Sessions
+from ..protocol.messages import (
+    OBSERVER,
+    Attached,
+    Eof,
+    Exit,
+    Offsets,
+    Opened,
+    Sessions,
+    Shared,
+    Unshared,
+)
 from ..protocol.server import (
     AttachRequested,
     CancelRequested,
@@ -39,7 +49,9 @@ from ..protocol.server import (
     ReleaseRequested,
     ServerConnection,
     ServerEvent,
+    ShareRequested,
     StdinReceived,
+    UnshareRequested,
 )
 from ..transport.outbox import Outbox, TaskStarter
 from ..transport.readiness import ReadableService
@@ -47,7 +59,9 @@ from ..transport.streams import PipeTransport, SocketTransport, Transport, close
 from ..version import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
+from .grants import Grant
 from .journal import SessionAttach, SessionDetach
+from .observer import Observer
 from .registry import SessionRegistry, restarting, shutting_down
 from .session import ServerSession
 
@@ -78,7 +92,7 @@ class ConnectionHandler:
         self.gate = gate
         self.core = ServerConnection(settings.max_frame, settings.stdin_window,
                                      output_frame=OUTPUT_CHUNK)
-        self.attachments: dict[int, Attachment] = {}
+        self.attachments: dict[int, Attachment | Observer] = {}
         self._handshake_timeout = settings.handshake_timeout
         self._deadline = math.inf  # the handshake's, while it lasts
         self._on_closed = on_closed
@@ -93,6 +107,7 @@ class ConnectionHandler:
         self._over = False
         self._paused = False  # the reader waits for something of ours, not for the client
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
+        self.grant: Grant | None = None  # what admitted it instead of the token (section 11)
         self._draining = False
         self._later: Later | None = None  # what the readiness callback left the reader task
 
@@ -211,15 +226,22 @@ class ConnectionHandler:
         if self.core.send_output(channel, kind, data):
             self.flush()
 
-    def frame_attached(self, attachment: Attachment, answer: Attached) -> None:
+    def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         self.attachments[attachment.channel] = attachment
         self.core.attached(attachment.channel, answer)
+
+    def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
+        self.core.send_skipped(channel, size, offsets)
+
+    def send_audience(self, channel: int, observers: int) -> None:
+        if self.core.send_audience(channel, observers):
+            self.flush()
 
     def stdin_consumed(self, channel: int, size: int) -> None:
         self.core.stdin_consumed(channel, size)
         self.flush()
 
-    def end_channel(self, attachment: Attachment, last: Exit | str | None) -> bool:
+    def end_channel(self, attachment: Attachment | Observer, last: Exit | str | None) -> bool:
         """A channel's last frame, `exit` or `detached`; the connection forgets it."""
         channel = attachment.channel
         if self.attachments.get(channel) is attachment:
@@ -357,6 +379,10 @@ class ConnectionHandler:
             self.registry.release(event.session, self.principal)
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
+        elif isinstance(event, ShareRequested):
+            self._share(event)
+        elif isinstance(event, UnshareRequested):
+            self._unshare(event)
         elif isinstance(event, HelloReceived):
             if delay := self.gate.delay(self.peer):
                 return functools.partial(self._hello, event, delay)
@@ -371,14 +397,19 @@ class ConnectionHandler:
 
     def _answer_hello(self, event: HelloReceived) -> None:
         try:
-            self.principal = self.gate.admit(self.peer, event.hello.token)
+            if event.hello.grant is not None:  # a grant stands for the token (section 11)
+                self.grant = self.gate.admit_grant(self.peer, event.hello.grant,
+                                                   self.registry.grants)
+                self.principal = self.grant.owner
+            else:
+                self.principal = self.gate.admit(self.peer, event.hello.token)
         except RequestError as exc:
             self.core.close(exc)
             return
         if self.registry.closing:  # (it closes before any connection drains)
             self.core.close(shutting_down())
             return
-        self.core.accept_hello(SERVER_NAME)
+        self.core.accept_hello(SERVER_NAME, self.grant.scope() if self.grant else None)
         if (interval := event.hello.heartbeat) is not None:
             self._heartbeat = Heartbeat(interval, time.monotonic())
             self._tasks.start_soon(self._beat, self._heartbeat)
@@ -460,18 +491,43 @@ class ConnectionHandler:
             session.cancel()
 
     def _attach(self, event: AttachRequested) -> None:
-        """Take over a detachable session: `attached`, its scrollback, then live output."""
+        """Take over a detachable session, or watch it (section 11): `attached`, its
+        scrollback, then live output."""
         request, channel = event.request, event.channel
         try:
-            session = self.registry.attach(request, self.principal, len(self.attachments))
+            session = self.registry.attach(request, self.principal, len(self.attachments),
+                                           self.grant)
         except RequestError as exc:
             self.core.refuse(channel, exc)
             return
-        if session.final is None and (request.rows or request.cols):
-            rows, cols = session.size
-            session.resize(request.rows or rows, request.cols or cols)
-        Attachment.attach(self, channel, session, request.offsets)
-        self.registry.note_soon(session, SessionAttach, str(self.peer))
+        grant = self.grant.id if self.grant is not None else None
+        if request.role == OBSERVER:  # its size is not the terminal's
+            Observer.attach(self, channel, session, request.offsets, grant)
+        else:
+            if session.final is None and (request.rows or request.cols):
+                rows, cols = session.size
+                session.resize(request.rows or rows, request.cols or cols)
+            Attachment.attach(self, channel, session, request.offsets, grant)
+        self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
+                                grant=grant)
+
+    def _share(self, event: ShareRequested) -> None:
+        try:
+            secret, grant = self.registry.share(event.request, self.principal, str(self.peer))
+        except RequestError as exc:
+            self.core.refuse_request(exc)
+            return
+        self.core.send_shared(Shared(session=grant.session, grant=secret, role=grant.role,
+                                     expires=grant.expires_at, id=grant.id))
+
+    def _unshare(self, event: UnshareRequested) -> None:
+        try:
+            grant, channels = self.registry.unshare(event.request.grant, self.principal,
+                                                    str(self.peer))
+        except RequestError as exc:
+            self.core.refuse_request(exc)
+            return
+        self.core.send_unshared(Unshared(id=grant.id, channels=channels))
 
     def _detach(self, channel: int) -> None:
         attachment = self.attachments.get(channel)
@@ -483,23 +539,29 @@ class ConnectionHandler:
                 "with detachable: true); cancel it instead"))
             return
         attachment.release()  # `detached`: the channel's last frame
-        self._let_go(attachment.session)
+        self._let_go(attachment)
 
-    def _leave(self, attachment: Attachment) -> None:
+    def _leave(self, attachment: Attachment | Observer) -> None:
         """This connection lets go of a session: a detachable one goes on, detached; any other
         is cancelled (the client has gone, as `cancel` does)."""
         self.attachments.pop(attachment.channel, None)
-        attachment.released = True
+        if isinstance(attachment, Observer):
+            attachment.leave()
+        else:
+            attachment.released = True
         if attachment.session.detachable:
-            self._let_go(attachment.session)
+            self._let_go(attachment)
         else:
             attachment.session.cancel()
 
-    def _let_go(self, session: ServerSession) -> None:
+    def _let_go(self, attachment: Attachment | Observer) -> None:
         # Noted at once, not left to this task: a client that hangs up right after `detach`
         # breaks the send of `detached`, and that ends the reader before it could note it.
-        session.detach()
-        self.registry.note_soon(session, SessionDetach, str(self.peer))
+        session = attachment.session
+        if isinstance(attachment, Attachment) and session.sink is attachment:
+            session.detach()
+        self.registry.note_soon(session, SessionDetach, str(self.peer), role=attachment.role,
+                                grant=attachment.grant)
 
 
 async def _raise(exc: BaseException) -> None:

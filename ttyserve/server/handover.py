@@ -23,8 +23,8 @@ from ..backends.base import ChildState, Uncontained
 from ..protocol.messages import Exit
 from ..transport.readiness import Watch
 
-HANDOVER_VERSION = 1  # what this code writes
-READABLE = frozenset({1})  # what this code reads
+HANDOVER_VERSION = 2  # what this code writes (2: with the open grants of section 11)
+READABLE = frozenset({1, 2})  # what this code reads
 HANDOVER_ENV = "TTYSERVE_HANDOVER"  # the descriptor of the state, in the new process
 CHECK_ENV = "TTYSERVE_UPGRADE_CHECK"  # the same, for the dry run: check, then exit
 MEMFD_NAME = "ttyserve-handover"
@@ -81,6 +81,17 @@ class SessionState(msgspec.Struct, kw_only=True):
     recording: RecordingState | None
 
 
+class GrantState(msgspec.Struct, kw_only=True):
+    """An open grant (section 11): its hash, never the grant itself."""
+
+    id: str
+    digest: bytes
+    session: str
+    role: str
+    owner: str
+    expires: float  # time.time()
+
+
 class ListenerState(msgspec.Struct, kw_only=True):
     requested: str  # as configured
     address: str  # as bound (the real port)
@@ -112,6 +123,7 @@ class HandoverState(msgspec.Struct, kw_only=True):
     blocked: list[int]  # the signal mask before the hand-over blocked what it holds
     containment: ContainmentState | None
     sessions: list[SessionState]
+    grants: list[GrantState] = []  # version 2; a version 1 state has none
 
     def descriptors(self) -> list[int]:
         """Every descriptor the state names: what must survive the execve."""

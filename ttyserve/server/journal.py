@@ -78,15 +78,39 @@ class SessionEnd(Record, tag="session.end", kw_only=True):
 
 
 class SessionDetach(Record, tag="session.detach", kw_only=True):
-    """A detachable session went on without a client (section 9)."""
+    """A channel let go of a detachable session (section 9): the writer's (the session goes
+    on without a client), or an observer's."""
 
     peer: str
+    role: str = "writer"  # section 11
+    grant: str | None = None  # the public id of the grant it was attached through
+    reason: str | None = None  # `detached`'s: stolen, revoked, expired
 
 
 class SessionAttach(Record, tag="session.attach", kw_only=True):
-    """A client attached to a detachable session."""
+    """A client attached to a detachable session, as writer or observer (section 11)."""
 
     peer: str
+    role: str = "writer"
+    grant: str | None = None  # the public id of the grant it came with: never the grant
+
+
+class SessionShare(Record, tag="session.share", kw_only=True):
+    """A grant was made for the session (section 11): its public id, never the grant."""
+
+    peer: str
+    grant: str
+    role: str
+    expires: str  # RFC 3339
+
+
+class SessionUnshare(Record, tag="session.unshare", kw_only=True):
+    """A grant ended before its time (`unshare`), or at it (``reason`` expired)."""
+
+    peer: str | None = None  # who revoked it (none when it expired)
+    grant: str
+    reason: str = "revoked"  # or "expired"
+    channels: int = 0  # the channels attached through it, detached
 
 
 class ServerUpgrade(msgspec.Struct, tag="server.upgrade", tag_field="event", kw_only=True,
@@ -99,14 +123,20 @@ class ServerUpgrade(msgspec.Struct, tag="server.upgrade", tag_field="event", kw_
     sessions: int  # the sessions kept
 
 
-AnyRecord = SessionStart | SessionEnd | SessionDetach | SessionAttach | ServerUpgrade
+AnyRecord = (SessionStart | SessionEnd | SessionDetach | SessionAttach | SessionShare
+             | SessionUnshare | ServerUpgrade)
 _decoder = msgspec.json.Decoder(AnyRecord)
 _encoder = msgspec.json.Encoder()
 
 
+def rfc3339(when: float) -> str:
+    """``when`` (seconds since the epoch) as RFC 3339, UTC, to the millisecond."""
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+    return rfc3339(time.time())
 
 
 @dataclass

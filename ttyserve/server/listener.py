@@ -133,7 +133,8 @@ class Server:
                     # since it was started): a leader that exited during the hand-over is
                     # its session's to reap, with its status
                     assert isinstance(backend, ChildBackend), "only children are handed over"
-                    await self.registry.adopted(adopt.sessions, backend, adopt.from_version)
+                    await self.registry.adopted(adopt.sessions, backend, adopt.from_version,
+                                                adopt.grants)
                 drained = await self._serve(listeners, on_listening, only)
             maintenance.cancel_scope.cancel()
         return drained

@@ -70,16 +70,16 @@ def start_recording(session: ServerSession, directory: str, with_input: bool,
         log.error("recording %s: %s; the session goes on unrecorded", path, exc)
         return
     recording = Recording(fd, path, with_input)
-    session.observers.append(recording)
+    session.taps.append(recording)
     task_group.start_soon(recording.run)
 
 
 async def finish_recording(session: ServerSession) -> None:
     """The session is over: its exit event (if none was seen), the rest written, the file
     closed. Never raises."""
-    for observer in session.observers:
-        if isinstance(observer, Recording):
-            await observer.aclose(session.process.status)
+    for tap in session.taps:
+        if isinstance(tap, Recording):
+            await tap.aclose(session.process.status)
 
 
 class Recording:
@@ -102,7 +102,7 @@ class Recording:
         self._ended = False  # after the exit event, or once the file failed: no more events
         self._failed = False
 
-    # --- the session's observer ---------------------------------------------
+    # --- the session's tap ---------------------------------------------
 
     def output(self, kind: FrameKind, data: bytes) -> None:
         if text := self._output.decode(data):

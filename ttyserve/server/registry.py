@@ -24,15 +24,40 @@ import anyio.abc
 
 from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
 from ..backends.local import ChildBackend
-from ..defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
+from ..defaults import BUSY_RETRY_MS, DEFAULT_SHARE_TTL, UPGRADE_RETRY_MS
 from ..errors import ErrorCode, RequestError
-from ..protocol.messages import STOLEN, WRITER, Attach, Exit, Open, SessionInfo, members
+from ..protocol.messages import (
+    EXPIRED,
+    OBSERVER,
+    REVOKED,
+    STOLEN,
+    WRITER,
+    Attach,
+    Exit,
+    Open,
+    SessionInfo,
+    Share,
+    members,
+)
 from ..version import __version__
-from .handover import ExitedProcess, SessionState
-from .journal import Journal, Reason, ServerUpgrade, SessionAttach, SessionDetach, SessionEnd
+from .attachment import LOST
+from .grants import Grant, Grants
+from .handover import ExitedProcess, GrantState, SessionState
+from .journal import (
+    Journal,
+    Reason,
+    Record,
+    ServerUpgrade,
+    SessionAttach,
+    SessionDetach,
+    SessionEnd,
+    SessionShare,
+    SessionUnshare,
+)
+from .observer import Observer
 from .recording import Recording, finish_recording, start_recording
 from .scrollback import OffsetBeyondOutput
-from .session import ServerSession
+from .session import ServerSession, Sink
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
 
@@ -93,6 +118,7 @@ class SessionRegistry:
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
+        self.grants = Grants()  # section 11: who may attach without the token
         self.closing = False  # a graceful shutdown began: no new sessions
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
@@ -244,27 +270,37 @@ class SessionRegistry:
             session.hang_up()
         return session
 
-    def attach(self, request: Attach, owner: str, sessions_here: int) -> ServerSession:
-        """Admit an attach to ``owner``'s detachable session: RequestError shutting_down,
+    def attach(self, request: Attach, owner: str, sessions_here: int,
+               grant: Grant | None = None) -> ServerSession:
+        """Admit an attach to ``owner``'s detachable session (or, through ``grant``, to the
+        grant's): RequestError shutting_down, unauthorized (the grant has ended),
         no_such_session (unknown, expired or being ended, not detachable, or another
-        principal's, alike so its existence is not revealed), session_in_use (attached
-        elsewhere, unless ``request.steal``: the other channel then ends with `detached`
-        "stolen"), or busy."""
+        principal's, alike so its existence is not revealed), session_in_use (a writer
+        attached elsewhere, unless ``request.steal``: the other channel then ends with
+        `detached` "stolen"), or busy (the connection's sessions, or the session's
+        observers). Observers never conflict with anyone."""
         if self.closing:
             raise shutting_down()
         if self.restarting:
             raise restarting()
-        if request.role != WRITER:  # never a writer's rights for one who asked to watch
-            raise RequestError(ErrorCode.BAD_REQUEST, "observers (protocol section 11) are "
-                               "not served by this server yet: attach as writer")
+        if grant is not None:
+            if not self.grants.live(grant):
+                raise RequestError(ErrorCode.UNAUTHORIZED, "the grant this connection came "
+                                   "with has expired or was revoked")
+            owner = grant.owner
         session = self.sessions.get(request.session)
         if (session is None or not session.detachable or session.owner != owner
                 or session.ending is not None):
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such session: unknown, expired, or not yours")
-        if session.sink is not None and not request.steal:
+        observing = request.role == OBSERVER
+        if observing:
+            limit = self.settings.max_observers
+            if len(session.observers) >= limit:
+                raise busy(f"the session has its maximum of {limit} observers")
+        elif session.sink is not None and not request.steal:
             raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached elsewhere "
-                               "(attach with steal to take it over)")
+                               "(attach with steal to take it over, or as an observer)")
         self.check_room(sessions_here)
         if (offsets := request.offsets) is not None:
             assert session.ring is not None
@@ -273,16 +309,87 @@ class SessionRegistry:
             except OffsetBeyondOutput as exc:
                 raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
         previous = session.sink
-        if previous is not None:
-            session.sink = None
+        if not observing and previous is not None:
+            session.sink = None  # (the attach that follows takes it)
             previous.release(STOLEN)
         return session  # (the sweeper plans again with the attach's `note_soon`)
+
+    def cut(self, session: ServerSession, channel: Sink | Observer, reason: str) -> None:
+        """End one channel of ``session`` with `detached` ``reason`` (its grant revoked or
+        expired); the session goes on (detached, when it was its writer)."""
+        channel.release(reason)
+        if session.sink is channel:
+            session.detach()
+        self.note_soon(session, SessionDetach, channel.peer, role=channel.role,
+                       grant=channel.grant, reason=reason)
+
+    # --- grants (section 11) ------------------------------------------------------------
+
+    def share(self, request: Share, owner: str, peer: str) -> tuple[str, Grant]:
+        """A grant for ``owner``'s session: the secret and its record; RequestError
+        bad_request (a ttl over --max-share-ttl) or no_such_session (as `attach`)."""
+        limit = self.settings.max_share_ttl
+        ttl = request.ttl if request.ttl is not None else min(DEFAULT_SHARE_TTL, limit)
+        if ttl > limit:
+            raise RequestError(ErrorCode.BAD_REQUEST, f"ttl {ttl} is over this server's "
+                               f"--max-share-ttl of {limit} s")
+        session = self.sessions.get(request.session)
+        if (session is None or not session.detachable or session.owner != owner
+                or session.ending is not None or session.final is not None):
+            raise RequestError(ErrorCode.NO_SUCH_SESSION,
+                               "no such session: unknown, ended, or not yours")
+        secret, grant = self.grants.make(session.id, request.role, ttl, owner)
+        log.info("%s: session %s shared (%s, grant %s, until %s)", peer, session.id,
+                 grant.role, grant.id, grant.expires_at)
+        self.deadline_moved()
+        self._record_soon(SessionShare, session.id, peer=peer, grant=grant.id,
+                          role=grant.role, expires=grant.expires_at)
+        return secret, grant
+
+    def unshare(self, name: str, owner: str, peer: str) -> tuple[Grant, int]:
+        """Revoke ``owner``'s grant (named by the grant or its public id): every channel
+        attached through it ends with `detached` "revoked"; the grant and how many ended.
+        RequestError no_such_session for a grant that is unknown, over, or another's."""
+        grant = self.grants.find(name, owner)
+        if grant is None:
+            raise RequestError(ErrorCode.NO_SUCH_SESSION,
+                               "no such grant: unknown, expired, or not yours")
+        channels = self._end_grant(grant, REVOKED)
+        log.info("%s: grant %s of session %s revoked (%d channels detached)", peer, grant.id,
+                 grant.session, channels)
+        self._record_soon(SessionUnshare, grant.session, peer=peer, grant=grant.id,
+                          channels=channels)
+        return grant, channels
+
+    def _end_grant(self, grant: Grant, reason: str) -> int:
+        """The grant is over: its channels end with `detached` ``reason``; how many."""
+        self.grants.remove(grant)
+        session = self.sessions.get(grant.session)
+        if session is None:
+            return 0
+        through = [channel for channel in (session.sink, *session.observers)
+                   if channel is not None and channel.grant == grant.id]
+        for channel in through:
+            self.cut(session, channel, reason)
+        return len(through)
+
+    def _expire_grants(self, now: float) -> float | None:
+        """End the grants whose time ran out; the wall-clock time the next one does."""
+        for grant in self.grants.due(now):
+            channels = self._end_grant(grant, EXPIRED)
+            log.info("grant %s of session %s expired (%d channels detached)", grant.id,
+                     grant.session, channels)
+            self._record_soon(SessionUnshare, grant.session, grant=grant.id, reason=EXPIRED,
+                              channels=channels)
+        return self.grants.nearest()
 
     def listing(self, owner: str) -> list[SessionInfo]:
         """``owner``'s detachable sessions, for `list`."""
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
                             started=s.started, attached=s.sink is not None,
-                            exit=members(s.final) if s.final else None)
+                            exit=members(s.final) if s.final else None,
+                            observers=len(s.observers),
+                            grants=[grant.info() for grant in self.grants.of_session(s.id)])
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- running -----------------------------------------------------------------------
@@ -313,7 +420,7 @@ class SessionRegistry:
         """A session on readiness callbacks alone is over (``status``), or must be ended
         (None: cancelled, a fault). What is left is done at once when nothing has to be
         awaited, else in a task: the kill and the reap, the recording, the journal."""
-        if status is not None and not session.recorded and not session.observers:
+        if status is not None and not session.recorded and not session.taps:
             session.close()
             self._ending(session, status)
             self._ended(session)
@@ -343,6 +450,9 @@ class SessionRegistry:
         session.stdin.close()
         if status is None and session.sink is not None:
             session.sink.lost()  # a fault: the channel ends with exit -1 all the same
+        if status is None:  # ended, not exited: observers learn how it died (they saw it all)
+            for observer in list(session.observers):
+                observer.finish(session.process.status or LOST)
 
     def _ended(self, session: ServerSession) -> None:
         session.over = True
@@ -379,19 +489,23 @@ class SessionRegistry:
         return True
 
     def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
-                  peer: str) -> None:
+                  peer: str, **members: object) -> None:
         """A detach or an attach: the sweeper plans again, and the journal records it (in a
         task: this is called from where nothing can wait)."""
         self.deadline_moved()
+        self._record_soon(kind, session.id, peer=peer, **members)
+
+    def _record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
+        """Write a record of ``session_id`` in a task (the journal's `at`)."""
         if self.journal is not None and self._task_group is not None:
             self._noting += 1
-            self._task_group.start_soon(self._note, session, kind, peer)
+            self._task_group.start_soon(self._note, kind, session_id, members)
 
-    async def _note(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
-                    peer: str) -> None:
+    async def _note(self, kind: type[Record], session_id: str,
+                    members: dict[str, object]) -> None:
         try:
             await self._record(lambda journal: journal.append(
-                kind(id=session.id, at=journal.now(), peer=peer)))
+                kind(id=session_id, at=journal.now(), **members)))
         finally:
             self._noting -= 1
 
@@ -405,6 +519,8 @@ class SessionRegistry:
     def _forget(self, session: ServerSession) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            for grant in self.grants.of_session(session.id):  # a grant ends with its session
+                self.grants.remove(grant)
 
     def _kept(self, session: ServerSession) -> bool:
         """Whether an ended session stays attachable: its exit not delivered yet, or delivered
@@ -429,9 +545,13 @@ class SessionRegistry:
     def sweep(self, now: float) -> float | None:
         """Hang up detached sessions nobody attached for their detached timeout (journal:
         abandoned), drop ended ones whose exit nobody came for, and those whose exit went
-        out --keep-ended ago; the nearest deadline still ahead, if any."""
+        out --keep-ended ago, and end the grants whose time ran out; the nearest deadline
+        still ahead, if any."""
         keep_ended = self.settings.keep_ended
         nearest: float | None = None
+        wall = time.time()
+        if (next_grant := self._expire_grants(wall)) is not None:
+            nearest = now + max(0.0, next_grant - wall)
         for session in list(self.sessions.values()):
             if session.detached_at is None or session.sink is not None:
                 continue
@@ -504,7 +624,7 @@ class SessionRegistry:
         return (not self._opening and not self._noting
                 and (self.journal is None or self.journal.idle)
                 and not any(s.in_transition or any(isinstance(o, Recording) and o.writing
-                                                   for o in s.observers)
+                                                   for o in s.taps)
                             for s in self.sessions.values()))
 
     async def until_quiet(self, timeout: float) -> bool:
@@ -514,9 +634,9 @@ class SessionRegistry:
                 while not self.quiet():
                     await anyio.sleep(QUIET_POLL)
                 for session in self.sessions.values():
-                    for observer in session.observers:
-                        if isinstance(observer, Recording):
-                            await observer.flushed()
+                    for tap in session.taps:
+                        if isinstance(tap, Recording):
+                            await tap.flushed()
                 if self.quiet():  # (and nothing began while the recordings were written)
                     return True
         return False
@@ -535,11 +655,22 @@ class SessionRegistry:
         self._running = 0
         return states
 
+    def describe_grants(self) -> list[GrantState]:
+        """The open grants, for new code in this process (their hashes: never a grant)."""
+        return [GrantState(id=g.id, digest=g.digest, session=g.session, role=g.role,
+                           owner=g.owner, expires=g.expires) for g in self.grants]
+
     async def adopted(self, states: list[SessionState], backend: ChildBackend,
-                      from_version: str) -> None:
-        """Go on after an upgrade in place: the sessions handed over, adopted; the journal's
-        one `server.upgrade` record."""
+                      from_version: str, grants: list[GrantState] | None = None) -> None:
+        """Go on after an upgrade in place: the sessions and grants handed over, adopted;
+        the journal's one `server.upgrade` record."""
         self.adopt(states, backend)
+        for state in grants or []:
+            if state.session in self.sessions:
+                self.grants.restore(Grant(
+                    id=state.id, digest=state.digest, session=state.session,
+                    role=OBSERVER if state.role == OBSERVER else WRITER, owner=state.owner,
+                    expires=state.expires))
         await self._record(lambda journal: journal.append(ServerUpgrade(
             at=journal.now(), from_version=from_version, to_version=__version__,
             sessions=len(states))))
@@ -561,7 +692,7 @@ class SessionRegistry:
             session.on_delivered = lambda session=session: self._delivered(session)
             if state.recording is not None:
                 recording = Recording.adopted(state.recording)
-                session.observers.append(recording)
+                session.taps.append(recording)
                 self._task_group.start_soon(recording.run)
             self.sessions[session.id] = session
             if state.process is not None:

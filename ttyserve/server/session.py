@@ -25,11 +25,12 @@ import anyio
 from ..backends.base import ProcessHandle, ProcessSpec
 from ..defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit, Message, Resize, Signal
+from ..protocol.messages import Exit, Message, Resize, Role, Signal
 from ..protocol.terminal_modes import TerminalModes
 from ..transport.readiness import Watch
 from .handover import ModesState, RecordingState, RingState, SessionState
 from .journal import Reason, now_rfc3339
+from .observer import Observer
 from .pump import OutputPump
 from .scrollback import Scrollback
 from .stdin import StartTask, StdinQueue
@@ -39,6 +40,13 @@ class Sink(Protocol):
     """Where a session's output goes: the channel it is attached to (attachment.py)."""
 
     live: bool  # the replay (if any) is over: live output and the exit may go out
+    grant: str | None  # the public id of the grant it came through (section 11), if any
+    role: Role  # WRITER
+
+    @property
+    def peer(self) -> str:
+        """Who is at the other end (for the journal)."""
+        ...
 
     def limit(self) -> int:
         """Bytes that may be sent now (one frame at most); 0 until resumed."""
@@ -56,6 +64,10 @@ class Sink(Protocol):
         """The process took ``size`` bytes of input later (STDIN credit may be granted)."""
         ...
 
+    def audience(self, observers: int) -> None:
+        """The number of observers changed (section 11)."""
+        ...
+
     def lost(self) -> None:
         """The session is over without its exit: the channel ends all the same."""
         ...
@@ -67,12 +79,12 @@ class Sink(Protocol):
 
 @runtime_checkable
 class HandsOver(Protocol):
-    """An observer that goes on after an upgrade in place (a recording)."""
+    """A tap that goes on after an upgrade in place (a recording)."""
 
     def handover(self, dry: bool = False) -> RecordingState | None: ...
 
 
-class OutputObserver(Protocol):
+class Tap(Protocol):
     """Sees every output chunk, input chunk and resize, and the end, whether a client is
     attached or not (a recording)."""
 
@@ -112,7 +124,8 @@ class ServerSession:
         self.detached_timeout = detached_timeout  # seconds it may stay so (section 10)
         self.final: Exit | None = None  # its exit, once its output is over
         self.delivered_at: float | None = None  # when its exit last went out (section 10)
-        self.observers: list[OutputObserver] = []  # a recording, say: sees all output
+        self.taps: list[Tap] = []  # a recording, say: sees all output
+        self.observers: list[Observer] = []  # channels that watch it (section 11)
         self.on_delivered: Callable[[], None] | None = None  # its exit went out
         self.ending: Reason | None = None  # why it was ended, when something ended it
         self.recorded = False  # its start record is in the journal: it gets an end
@@ -178,6 +191,23 @@ class ServerSession:
             pump.resume()
         self._offer_exit()
 
+    def add_observer(self, observer: Observer) -> None:
+        """A channel watches from now on (its backlog taken from the ring); the writer is
+        told how many watch, and an ended session's exit is the observer's to send."""
+        self.observers.append(observer)
+        self._tell_audience()
+        if self.final is not None:
+            observer.finish(self.final)
+
+    def remove_observer(self, observer: Observer) -> None:
+        if observer in self.observers:
+            self.observers.remove(observer)
+            self._tell_audience()
+
+    def _tell_audience(self) -> None:
+        if (sink := self.sink) is not None:
+            sink.audience(len(self.observers))
+
     def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
         """End the session now: kill and reap its processes, send nothing more."""
         self.ending = self.ending or reason
@@ -220,15 +250,15 @@ class ServerSession:
     def feed_stdin(self, data: bytes) -> int:
         """Input for the process: the bytes it took now (the rest is queued)."""
         self.bytes_in += len(data)
-        for observer in self.observers:
-            observer.typed(data)
+        for tap in self.taps:
+            tap.typed(data)
         return self.stdin.feed(data)
 
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
         self.process.resize(rows, cols)
-        for observer in self.observers:
-            observer.resized(rows, cols)
+        for tap in self.taps:
+            tap.resized(rows, cols)
 
     def prologue(self) -> str | None:
         """What puts a fresh terminal in the modes the output set; None when there is none."""
@@ -258,12 +288,15 @@ class ServerSession:
         return OUTPUT_CHUNK if sink is None else sink.limit()
 
     def deliver(self, kind: FrameKind, data: bytes) -> bool:
-        """Output to the ring, the observers and the sink; whether the sink takes more."""
+        """Output to the ring, the taps, the observers and the sink; whether the sink takes
+        more (the writer's alone: observers never hold the process back)."""
         self.bytes_out += len(data)
         if self.ring is not None:
             self.ring.append(kind, data)
             if self.modes is not None:
                 self.modes.feed(data)
+        for tap in self.taps:
+            tap.output(kind, data)
         for observer in self.observers:
             observer.output(kind, data)
         sink = self.sink
@@ -360,7 +393,7 @@ class ServerSession:
             modes=None if modes is None else ModesState(
                 modes=dict(modes.modes), keypad=modes.keypad, title=modes.title),
             process=None if self.released else self.process.handover(dry),
-            recording=next((o.handover(dry) for o in self.observers
+            recording=next((o.handover(dry) for o in self.taps
                             if isinstance(o, HandsOver)), None))
 
     @classmethod
@@ -467,8 +500,10 @@ class ServerSession:
             return
         if self.final is None:  # the first time: the recording's last event
             self.final = status
-            for observer in self.observers:
-                observer.exited(status)
+            for tap in self.taps:
+                tap.exited(status)
+            for observer in list(self.observers):
+                observer.finish(status)
         sink = self.sink
         if sink is not None and sink.live:
             self.sink = None

@@ -30,8 +30,10 @@ from ..defaults import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CWD_BYTES,
     DEFAULT_MAX_ENV_BYTES,
+    DEFAULT_MAX_OBSERVERS,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+    DEFAULT_MAX_SHARE_TTL,
     DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_STDIN_WINDOW,
@@ -121,6 +123,11 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     keep_ended: Annotated[float, option(
         "seconds an ended detachable session stays attachable after its exit went out, for "
         "a client that lost it (0: forgotten at once)", "S", ge=0)] = DEFAULT_KEEP_ENDED
+    max_observers: Annotated[int, option(
+        "observers one session may have at once (section 11; beyond it, busy)", "N",
+        ge=0)] = DEFAULT_MAX_OBSERVERS
+    max_share_ttl: Annotated[int, option(
+        "longest a grant made by share may last, seconds", "S", ge=1)] = DEFAULT_MAX_SHARE_TTL
     record: Annotated[str | None, option(
         "write every PTY session to DIR/ID.cast (asciicast v3)", "DIR")] = None
     record_input: Annotated[bool, option(

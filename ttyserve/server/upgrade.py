@@ -95,7 +95,8 @@ class Handover:
                 memory_max=containment.limits.memory_max,
                 pids_max=containment.limits.pids_max, cpu_max=containment.limits.cpu_max,
                 left=sorted(containment.left)),
-            sessions=self.registry.describe() if dry else self.registry.handover())
+            sessions=self.registry.describe() if dry else self.registry.handover(),
+            grants=self.registry.describe_grants())
 
     async def dry_run(self) -> bool:
         """Start the new code on a state of the shape it would be handed; whether it starts,

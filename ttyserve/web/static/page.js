@@ -7,6 +7,10 @@
 // through term.onData and term.onBinary, and wait in a bounded queue while there is no
 // session to take them (before it opened, while it reconnects); output credit goes back from
 // term.write's callback, so a flood never outruns the rendering.
+// With `#grant=GRANT&session=ID` instead of `#token=...` (section 11, `ttyserve share`) it
+// attaches that session with the grant's role, which `welcome` names: an observer's page says
+// "read-only" in its title and sends no keys and no size; a revoked or expired grant turns it
+// to `data-session="revoked"` (or "expired"). A writer's page shows how many watch.
 import { Terminal } from "./vendor/xterm.mjs";
 import { FitAddon } from "./vendor/addon-fit.mjs";
 import { Connection } from "./ttyserve.js";
@@ -27,7 +31,10 @@ term.open(document.getElementById("terminal"));
 fit.fit();
 term.focus();
 
-const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? undefined;
+const fragment = new URLSearchParams(location.hash.slice(1));
+const token = fragment.get("token") ?? undefined;
+const grant = fragment.get("grant") ?? undefined;
+const granted = grant ? fragment.get("session") : null; // the one session a grant may attach
 const scheme = location.protocol === "https:" ? "wss:" : "ws:";
 const url = `${scheme}//${location.host}/ws`;
 let command = "ttyserve";
@@ -35,9 +42,12 @@ let session = null; // the live one; keys and resizes go to it
 let held = null; // {id, stdout, stderr}: what this page shows of its session, for a resume
 const queued = []; // keys typed while no session takes them
 let queuedBytes = 0;
+let role = "writer"; // "observer" through an observer's grant: it only watches
+let watching = 0; // observers of our session (its writer is told)
 window.ttyserve = { connection: null, session: null, queued }; // for embedders and tests
 
 function type(bytes) {
+  if (role === "observer") return; // its keys would reach nothing: none are sent
   if (session) {
     session.send(bytes);
   } else if (queuedBytes + bytes.length <= KEY_QUEUE) {
@@ -47,8 +57,13 @@ function type(bytes) {
 }
 
 function show(state) {
-  document.title = `${command} — ${state}`;
+  const parts = [command, ...(role === "observer" ? ["read-only"] : []), state];
+  if (role === "writer" && watching) parts.push(`${watching} watching`);
+  document.title = parts.join(" — ");
+  body.dataset.state = state;
 }
+
+const ENDED_BY = { revoked: "access revoked", expired: "access expired" };
 
 function finish(line, attributes) {
   // The data attributes follow the line: once they are set, the line is in the terminal.
@@ -62,101 +77,146 @@ function finish(line, attributes) {
 function connect(stored) {
   return new Promise((resolve) => {
     const connection = new Connection(url, {
-      token, window: WINDOW, client: "ttyserve-page", multiplex: true, heartbeat: HEARTBEAT,
+      token, grant, window: WINDOW, client: "ttyserve-page", multiplex: true,
+      heartbeat: HEARTBEAT,
     });
-    const size = { rows: term.rows, cols: term.cols };
-    const offsets = held && held.id === stored ? held : undefined; // what the screen shows
-    const current = stored
-      ? connection.attach(stored, { ...size, steal: true, offsets }) // our own tab: take it back
-      : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true });
-    window.ttyserve = { connection, session: current, queued };
-    const started = (event) => {
-      session = current;
-      if (event.detail.argv) command = event.detail.argv.join(" ");
-      if (current.id) sessionStorage.setItem(STORED, current.id);
-      body.dataset.session = "running";
-      show("running");
-      while (queued.length) current.send(queued.shift()); // typed while there was none
-      queuedBytes = 0;
-    };
-    current.addEventListener("opened", started);
-    current.addEventListener("attached", (event) => {
-      const at = event.detail.offsets?.stdout ?? 0;
-      if (!offsets || at !== offsets.stdout) {
-        // A fresh screen (a reload), or one that missed output: reset, restore the modes,
-        // then the scrollback that follows is the screen.
-        term.write("\x1bc" + (event.detail.prologue ?? ""));
-      } // else exactly where it stopped: the screen simply goes on
-      started(event);
-    });
-    current.addEventListener("output", (event) => {
-      const data = event.detail.data;
-      term.write(data, () => current.consumed(data.length));
-    });
-    current.addEventListener("exit", (event) => {
-      const exit = event.detail;
-      sessionStorage.removeItem(STORED);
-      session = held = null;
-      const attributes = { session: "ended", exitCode: String(exit.code) };
-      if (exit.signal) attributes.signal = exit.signal;
-      finish(exit.signal ? `[killed by signal ${exit.signal}]` : `[exited: code ${exit.code}]`,
-        attributes);
-      show(exit.signal ? `killed by ${exit.signal}` : `exited ${exit.code}`);
-      connection.close();
-      resolve("exit");
-    });
-    current.addEventListener("refused", (event) => {
-      if (stored && event.detail.code === "no_such_session") {
-        sessionStorage.removeItem(STORED);
-        resolve("gone");
-      } else if (event.detail.retriable) {
-        resolve("lost"); // busy, or a server going down: try again, as after a drop
-      } else {
+    window.ttyserve = { connection, session: null, queued };
+    // (A promise resolves once: a session's own end, told before this, comes first.)
+    connection.addEventListener("close", () => resolve("lost"));
+    if (!grant) {
+      begin(connection, stored, resolve);
+    } else { // the grant's role is known once `welcome` names it
+      connection.addEventListener("welcome", (event) => {
+        role = event.detail.grant?.role ?? "observer";
+        body.dataset.role = role;
+        term.options.disableStdin = role === "observer";
+        begin(connection, stored, resolve);
+      }, { once: true });
+    }
+    connection.addEventListener("error", (event) => {
+      // One that may pass (server_restarting: an upgrade; shutting_down) goes to the title: the
+      // page reconnects, and the screen, a full-screen program's too, stays as it was.
+      if (event.detail.retriable) {
+        show(`${event.detail.code}: reconnecting`);
+      } else if (!connection.welcome) { // refused at `hello`: an expired or revoked grant
         finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
           { session: "refused" });
         show("refused");
         resolve("refused");
+      } else {
+        term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
       }
+    });
+  });
+}
+
+/** Open our session on `connection`, or attach `stored`; `resolve` is told how it ended. */
+function begin(connection, stored, resolve) {
+  const size = { rows: term.rows, cols: term.cols };
+  const offsets = held && held.id === stored ? held : undefined; // what the screen shows
+  // Our own tab takes its session back (steal); a grant's page only its own lost channel.
+  const steal = role === "writer" && (!grant || Boolean(offsets));
+  const current = stored
+    ? connection.attach(stored, { ...size, steal, offsets, role })
+    : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true });
+  window.ttyserve.session = current;
+  const started = (event) => {
+    session = current;
+    if (event.detail.argv) command = event.detail.argv.join(" ");
+    if (current.id && !grant) sessionStorage.setItem(STORED, current.id);
+    body.dataset.session = "running";
+    show("running");
+    while (queued.length) current.send(queued.shift()); // typed while there was none
+    queuedBytes = 0;
+  };
+  current.addEventListener("opened", started);
+  current.addEventListener("attached", (event) => {
+    const at = event.detail.offsets?.stdout ?? 0;
+    if (!offsets || at !== offsets.stdout) {
+      // A fresh screen (a reload), or one that missed output: reset, restore the modes,
+      // then the scrollback that follows is the screen.
+      term.write("\x1bc" + (event.detail.prologue ?? ""));
+    } // else exactly where it stopped: the screen simply goes on
+    started(event);
+  });
+  current.addEventListener("output", (event) => {
+    const data = event.detail.data;
+    term.write(data, () => current.consumed(data.length));
+  });
+  current.addEventListener("audience", (event) => {
+    watching = event.detail.observers;
+    body.dataset.observers = String(watching);
+    show(body.dataset.state ?? "running");
+  });
+  current.addEventListener("exit", (event) => {
+    const exit = event.detail;
+    sessionStorage.removeItem(STORED);
+    session = held = null;
+    const attributes = { session: "ended", exitCode: String(exit.code) };
+    if (exit.signal) attributes.signal = exit.signal;
+    finish(exit.signal ? `[killed by signal ${exit.signal}]` : `[exited: code ${exit.code}]`,
+      attributes);
+    show(exit.signal ? `killed by ${exit.signal}` : `exited ${exit.code}`);
+    connection.close();
+    resolve("exit");
+  });
+  current.addEventListener("refused", (event) => {
+    if (stored && event.detail.code === "no_such_session") {
+      sessionStorage.removeItem(STORED);
+      resolve("gone");
+    } else if (event.detail.retriable) {
+      resolve("lost"); // busy, or a server going down: try again, as after a drop
+    } else {
+      finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
+        { session: "refused" });
+      show("refused");
+      resolve("refused");
+    }
+    connection.close();
+  });
+  current.addEventListener("detached", (event) => {
+    session = null;
+    const reason = event.detail.reason;
+    if (ENDED_BY[reason]) { // the grant ended: this page may watch no more
+      finish(`[${ENDED_BY[reason]}]`, { session: reason });
+      show(ENDED_BY[reason]);
       connection.close();
-    });
-    current.addEventListener("detached", (event) => {
-      session = null;
-      finish(`[detached${event.detail.reason ? ": " + event.detail.reason : ""}]`,
-        { session: "detached" });
+    } else {
+      finish(`[detached${reason ? ": " + reason : ""}]`, { session: "detached" });
       show("detached");
-      resolve("detached");
-    });
-    current.addEventListener("lost", () => {
-      const after = session === current;
-      if (after) {
-        held = { id: current.id, ...current.offsets };
-        session = null; // keys wait in the queue until it is back
-      }
-      resolve(after ? "lost-after" : "lost");
-    });
-    connection.addEventListener("error", (event) => {
-      // One that may pass (server_restarting: an upgrade; shutting_down) goes to the title: the
-      // page reconnects, and the screen, a full-screen program's too, stays as it was.
-      if (event.detail.retriable) show(`${event.detail.code}: reconnecting`);
-      else term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
-    });
+    }
+    resolve("detached");
+  });
+  current.addEventListener("lost", () => {
+    const after = session === current;
+    if (after) {
+      held = { id: current.id, ...current.offsets };
+      session = null; // keys wait in the queue until it is back
+    }
+    resolve(after ? "lost-after" : "lost");
   });
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** The session to attach: the grant's, or this tab's own (none: open one). */
+const ours = () => granted ?? sessionStorage.getItem(STORED);
+
 async function run() {
   show("connecting");
-  let ended = await connect(sessionStorage.getItem(STORED));
-  if (ended === "gone") ended = await connect(null); // it ended, or expired: a new one
-  for (let tries = 0; ended.startsWith("lost") && sessionStorage.getItem(STORED); tries++) {
+  let ended = await connect(ours());
+  if (ended === "gone" && !grant) ended = await connect(null); // it ended, or expired: anew
+  for (let tries = 0; ended.startsWith("lost") && ours(); tries++) {
     if (ended === "lost-after") tries = 0; // it had come back: a new drop, new tries
     if (tries >= RETRIES.length) break;
     show("reconnecting");
     await sleep(RETRIES[tries]);
-    ended = await connect(sessionStorage.getItem(STORED));
+    ended = await connect(ours());
   }
-  if (ended.startsWith("lost") || ended === "gone") {
+  if (ended === "gone" && grant) {
+    finish("[the shared session is gone]", { session: "gone" });
+    show("gone");
+  } else if (ended.startsWith("lost") || ended === "gone") {
     finish("[connection lost]", { session: "lost" });
     show("connection lost");
   }
@@ -164,6 +224,6 @@ async function run() {
 
 term.onData((data) => type(encoder.encode(data)));
 term.onBinary((data) => type(Uint8Array.from(data, (c) => c.charCodeAt(0))));
-term.onResize(({ rows, cols }) => session?.resize(rows, cols));
+term.onResize(({ rows, cols }) => { if (role === "writer") session?.resize(rows, cols); });
 new ResizeObserver(() => fit.fit()).observe(document.getElementById("terminal"));
 run();

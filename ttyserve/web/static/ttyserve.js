@@ -9,12 +9,16 @@
 //   session.send(new TextEncoder().encode("ls\r"));
 //
 // Events: Connection "welcome", "error" (an error on channel 0), "close"; Session "opened"
-// ({pid, argv, session}), "attached" ({session, pid, pty, dropped, offsets, prologue}),
+// ({pid, argv, session}), "attached" ({session, pid, pty, dropped, offsets, prologue, role}),
 // "output" ({stream, data: Uint8Array}), "exit" (the exit message), "detached" (the session
 // goes on without this channel: {reason}), "refused" (the error that refused the open or
 // attach), "error" (a refused control message), "lost" (the connection ended before the
-// exit). With `window`, output credit is granted back by `consumed(n)` once the frontend has
-// rendered n bytes, and stdin waits for the server's credit. With `heartbeat` (seconds,
+// exit); section 11: "audience" ({observers}: to the writer, how many watch) and "skipped"
+// ({bytes, offsets}: an observer that fell behind goes on that much later). A `grant` (from
+// `ttyserve share`) stands for the token: `welcome.grant` says the one session and the role
+// it may attach with (`attach(id, {role: "observer"})`). With `window`, output credit is
+// granted back by `consumed(n)` once the frontend has rendered n bytes, and stdin waits for
+// the server's credit. With `heartbeat` (seconds,
 // section 10) the connection pings when idle and counts itself lost after three heartbeats of
 // silence; a session's `offsets` (bytes received per stream) are what `attach` takes to go
 // on exactly where it stopped.
@@ -62,7 +66,7 @@ export function decodeFrames(buffer) {
 /** A connection to a ttyserve server over a WebSocket. */
 export class Connection extends EventTarget {
   constructor(url, {
-    token, window: windowBytes, client = "ttyserve.js", multiplex = false, heartbeat,
+    token, window: windowBytes, client = "ttyserve.js", multiplex = false, heartbeat, grant,
   } = {}) {
     super();
     this.window = windowBytes ?? null;
@@ -76,7 +80,8 @@ export class Connection extends EventTarget {
     this.socket = new WebSocket(url, SUBPROTOCOL);
     this.socket.binaryType = "arraybuffer";
     const hello = { type: "hello", protocol: PROTOCOL, client, multiplex };
-    if (token) hello.token = token;
+    if (grant) hello.grant = grant;
+    else if (token) hello.token = token;
     if (this.window !== null) hello.window = this.window;
     if (this.heartbeat !== null) hello.heartbeat = this.heartbeat;
     this._control(0, hello);
@@ -110,9 +115,11 @@ export class Connection extends EventTarget {
   }
 
   /** Take over a detachable session: "attached", its scrollback as output, then live output,
-   * then its exit. Refused ("refused") with no_such_session, or session_in_use unless `steal`. */
-  attach(session, { rows, cols, steal = false, offsets } = {}) {
+   * then its exit. Refused ("refused") with no_such_session, or session_in_use unless `steal`.
+   * With `role: "observer"`, watch it instead: nothing sent reaches the process. */
+  attach(session, { rows, cols, steal = false, offsets, role } = {}) {
     const request = { type: "attach", session };
+    if (role) request.role = role;
     if (rows) request.rows = rows;
     if (cols) request.cols = cols;
     if (steal) request.steal = true;
@@ -331,6 +338,16 @@ export class Session extends EventTarget {
     } else if (message.type === "window") {
       this._credit += message.bytes;
       this._flush();
+    } else if (message.type === "skipped") {
+      if (message.offsets) {
+        this.offsets = { stdout: message.offsets.stdout ?? 0,
+                         stderr: message.offsets.stderr ?? 0 };
+      } else {
+        this.offsets.stdout += message.bytes;
+      }
+      this.dispatchEvent(new CustomEvent("skipped", { detail: message }));
+    } else if (message.type === "audience") {
+      this.dispatchEvent(new CustomEvent("audience", { detail: message }));
     } else if (message.type === "exit") {
       this._end();
       if (this.id) this.connection.release(this.id); // read: the server may forget it

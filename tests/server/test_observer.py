@@ -1,0 +1,85 @@
+"""An observer's backlog, stepped with no event loop: it never holds the process back, it is
+skipped forward past a scrollback with exact per-stream offsets, and its exit follows its
+backlog."""
+
+from __future__ import annotations
+
+from server.fakes import Wire, controls, make_session
+
+from ttyserve.protocol.frames import FrameKind, encode_frame
+from ttyserve.protocol.messages import Exit, Offsets, Window, encode_message
+from ttyserve.server.observer import Observer
+from ttyserve.server.pump import Stall
+
+RING = 4096  # make_session's scrollback: an observer's backlog holds no more
+
+
+def _window(wire: Wire, channel: int, size: int) -> None:
+    """The client grants ``size`` bytes of output credit on ``channel``."""
+    wire.core.receive_data(encode_frame(FrameKind.CTRL_IN, channel,
+                                        encode_message(Window(bytes=size))))
+    wire.core.next_event()
+
+
+def test_a_stalled_observer_is_skipped_with_exact_offsets_on_both_streams() -> None:
+    session, process = make_session(pty=False)
+    stdout, _ = session.start_output()
+    wire = Wire(window=1)  # one byte of credit, never more until the test grants it
+    writer = wire.opened(session)
+    watcher_channel = wire.open_channel(pty=False)
+    observer = Observer.attach(wire, watcher_channel, session)
+    assert [c["type"] for c in controls(wire.frames(), writer.channel)] == [
+        "opened", "audience"]
+    _window(wire, writer.channel, 1 << 20)  # the writer reads everything
+    sent = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
+    total = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
+    for round_ in range(20):  # 20 x 1 KiB on stdout and 512 bytes on stderr, interleaved
+        process.stdout.write(bytes([round_]) * 1024)
+        assert stdout.step() is Stall.READABLE  # all of it read: the observer held nothing
+        total[FrameKind.STDOUT] += 1024
+        session.deliver(FrameKind.STDERR, b"e" * 512)
+        total[FrameKind.STDERR] += 512
+    assert observer.backlog and sum(len(d) for _, d in observer.backlog) <= RING
+    _window(wire, watcher_channel, 1 << 20)
+    observer.resume()
+    skipped = 0
+    positions = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
+    for frame in wire.frames():
+        if frame.channel != watcher_channel:
+            continue
+        if frame.kind in sent:
+            positions[frame.kind] += len(frame.payload)
+            sent[frame.kind] += len(frame.payload)
+            continue
+        message = controls([frame], watcher_channel)[0]
+        if message["type"] == "skipped":
+            skipped += int(message["bytes"])  # type: ignore[call-overload]
+            at = Offsets(**message["offsets"])  # type: ignore[arg-type]
+            # Where the streams go on: past everything sent or skipped before.
+            assert at.stdout >= positions[FrameKind.STDOUT]
+            assert at.stderr >= positions[FrameKind.STDERR]
+            positions = {FrameKind.STDOUT: at.stdout, FrameKind.STDERR: at.stderr}
+    assert positions == total  # each stream's offsets line up to its end
+    assert skipped + sum(sent.values()) == sum(total.values())  # each byte once
+
+
+def test_the_observers_exit_follows_its_backlog_and_the_process_never_waited() -> None:
+    session, process = make_session(pty=False)
+    stdout, stderr = session.start_output()
+    wire = Wire(window=16)
+    channel = wire.open_channel(pty=False)
+    observer = Observer.attach(wire, channel, session)
+    process.stdout.write(b"x" * 100)
+    assert stdout.step() is Stall.READABLE  # no writer: nothing waited for the observer
+    process.stdout.close()
+    assert process.stderr is not None
+    process.stderr.close()
+    assert stdout.step() is Stall.DONE and stderr.step() is Stall.DONE
+    session.reaped(Exit(code=3))
+    assert not wire.ended  # 84 bytes still wait for credit: no exit before them
+    _window(wire, channel, 1000)
+    observer.resume()
+    frames = [f for f in wire.frames() if f.channel == channel]
+    assert b"".join(f.payload for f in frames if f.kind is FrameKind.STDOUT) == b"x" * 100
+    assert controls(frames, channel)[-1] == {"type": "exit", "code": 3}
+    assert wire.ended == [observer] and session.observers == []

@@ -1,0 +1,161 @@
+"""An observer's channel (protocol section 11): it watches a session and never holds it back.
+
+An observer gets what a writer gets (the replay from its offsets, live output, the
+exit), but its output waits here, in a backlog of its own, never in front of the
+process: the session hands every chunk to each observer and goes on. The backlog goes
+out as fast as the observer's credit and its connection take it; what is more than a
+scrollback behind is dropped from its head, and the observer is told with `skipped`
+(how many bytes, and the offsets its streams go on at) before the next output frame.
+Chunks are shared with the ring and the other observers, never copied.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+from ..protocol.frames import FrameKind
+from ..protocol.messages import OBSERVER, Attached, Exit, Offsets
+from .attachment import ChannelHost, Chunks
+
+if TYPE_CHECKING:
+    from .session import ServerSession
+
+
+class Observer:
+    """One channel watching ``session``."""
+
+    __slots__ = ("_exit", "_held", "_next", "_skipped", "backlog", "channel", "grant", "host",
+                 "limit_bytes", "released", "session")
+    role = OBSERVER
+
+    def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
+                 grant: str | None = None) -> None:
+        self.host = host
+        self.channel = channel
+        self.session = session
+        self.grant = grant  # the public id of the grant it came through, if it did
+        self.released = False  # the channel ended, or the session let go of it
+        self.backlog: Chunks = collections.deque()  # not sent yet, oldest first
+        assert session.ring is not None, "only a detachable session can be observed"
+        self.limit_bytes = session.ring.size  # the backlog's bound: a scrollback
+        self._held = 0  # bytes in the backlog
+        self._next = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}  # each stream's next offset
+        self._skipped = 0  # dropped and not told yet
+        self._exit: Exit | None = None  # to send once the backlog is out
+
+    @classmethod
+    def attach(cls, host: ChannelHost, channel: int, session: ServerSession,
+               offsets: Offsets | None = None, grant: str | None = None) -> Observer:
+        """Watch a detachable session, in one step with no await as a writer's attach: its
+        ring from ``offsets`` on is the backlog, `attached` is framed, live output is added
+        behind it. A client that holds nothing of it gets the prologue; where the ring no
+        longer holds what it needs, the program is told to redraw (its redraw comes behind
+        the backlog), as for a writer: what it shows then is what the writer sees."""
+        ring = session.ring
+        assert ring is not None, "only a detachable session can be observed"
+        held = offsets or Offsets()
+        begins, chunks = ring.since(held.stdout, held.stderr)
+        observer = cls(host, channel, session, grant)
+        observer._next = dict(begins)
+        for kind, data in chunks:
+            observer.backlog.append((kind, data))
+            observer._held += len(data)
+        fresh = offsets is None or begins[FrameKind.STDOUT] > held.stdout
+        host.frame_attached(observer, Attached(
+            session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
+            offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
+            prologue=session.prologue() if fresh else None, role=OBSERVER))
+        session.add_observer(observer)
+        if begins[FrameKind.STDOUT] > held.stdout and session.spec.pty:
+            session.redraw()
+        observer.resume()
+        return observer
+
+    @property
+    def peer(self) -> str:
+        return str(self.host.peer)
+
+    # --- the session's side ---------------------------------------------------------
+
+    def output(self, kind: FrameKind, data: bytes) -> None:
+        """The session produced ``data``: behind the backlog, which goes on as far as it may;
+        a scrollback's worth at most waits, the oldest skipped."""
+        if self.released:
+            return
+        self.backlog.append((kind, data))
+        self._held += len(data)
+        if self._held > self.limit_bytes:
+            self._skip(self._held - self.limit_bytes)
+        self.resume()
+
+    def finish(self, status: Exit) -> None:
+        """The session is over: ``status`` is this channel's last frame, after the backlog."""
+        if self._exit is None:
+            self._exit = status
+            self.resume()
+
+    def release(self, reason: str | None = None) -> None:
+        """The channel ends with `detached` (``reason``); the session goes on without it."""
+        if not self.released:
+            self.released = True
+            self.session.remove_observer(self)
+            self.host.end_channel(self, reason)
+
+    def leave(self) -> None:
+        """Its connection has gone: nothing more is sent."""
+        if not self.released:
+            self.released = True
+            self.session.remove_observer(self)
+
+    # --- the connection's side ------------------------------------------------------
+
+    def resume(self) -> None:
+        """Send what the channel's credit and the connection's send queue take now."""
+        if self.released:
+            return
+        host, channel, backlog = self.host, self.channel, self.backlog
+        while backlog:
+            limit = host.output_limit(channel)
+            if not limit:
+                return
+            if self._skipped:
+                self._tell_skipped()
+            kind, data = backlog[0]
+            if len(data) > limit:
+                view = memoryview(data)
+                backlog[0] = (kind, view[limit:])
+                data = view[:limit]
+            else:
+                backlog.popleft()
+            size = len(data)
+            self._held -= size
+            self._next[kind] += size
+            host.send_output(channel, kind, data)
+        if self._exit is not None:
+            if self._skipped:
+                self._tell_skipped()
+            self.released = True
+            self.session.remove_observer(self)
+            self.host.end_channel(self, self._exit)
+
+    def _skip(self, size: int) -> None:
+        """Drop ``size`` bytes from the backlog's head."""
+        backlog = self.backlog
+        while size:
+            kind, data = backlog[0]
+            if len(data) <= size:
+                backlog.popleft()
+                dropped = len(data)
+            else:
+                backlog[0] = (kind, memoryview(data)[size:])
+                dropped = size
+            size -= dropped
+            self._held -= dropped
+            self._next[kind] += dropped
+            self._skipped += dropped
+
+    def _tell_skipped(self) -> None:
+        self.host.send_skipped(self.channel, self._skipped, Offsets(
+            stdout=self._next[FrameKind.STDOUT], stderr=self._next[FrameKind.STDERR]))
+        self._skipped = 0
