@@ -409,3 +409,24 @@ async def test_share_refusals_name_what_was_wrong(unix: str) -> None:
         # The connection goes on after each refusal.
         assert [s.session for s in await owner.list_sessions()] == [session.id]
         await session.eof()
+
+
+async def test_an_observer_reading_the_exit_leaves_it_for_the_writer(
+        unix: str, tmp_path: Path) -> None:
+    """The writer detached; the session ends while an observer watches: the observer gets
+    the exit, and the session is still kept, with it, for its writer (an observer's client
+    does not `release` it)."""
+    go = tmp_path / "go"
+    async with connect(unix, multiplex=True) as owner:
+        session = await owner.spawn(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; '
+                                     "done; echo bye; exit 7"], pty=False, detachable=True)
+        await session.detach()
+        async with connect(unix, multiplex=True) as other:
+            watcher = await other.attach(session.id or "", role="observer")
+            go.touch()
+            assert (await watcher.wait()).code == 7
+            await other.list_sessions()  # (a round trip: whatever it sent is taken)
+        again = await owner.attach(session.id or "")
+        chunk = await again.receive()
+        assert chunk is not None and chunk.data == b"bye\n"
+        assert (await again.wait()).code == 7

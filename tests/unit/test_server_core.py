@@ -1,4 +1,5 @@
-"""The server's protocol core, with no event loop: every rule of sections 1, 3, 4 and 7."""
+"""The server's protocol core, with no event loop: every rule of sections 1, 3, 4 and 7, and
+section 11's (what an observer and a grant's connection may send)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,29 @@ from helpers import HELLO, ctrl
 from ttyserve.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from ttyserve.protocol.channels import ChannelState
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
-from ttyserve.protocol.messages import Exit, Hello, Open, Opened, Resize, Window, parse_object
+from ttyserve.protocol.messages import (
+    Attached,
+    Exit,
+    GrantScope,
+    Hello,
+    Open,
+    Opened,
+    Resize,
+    Window,
+    parse_object,
+)
 from ttyserve.protocol.server import (
+    AttachRequested,
     CancelRequested,
     ControlReceived,
     CreditGranted,
+    DetachRequested,
     HelloReceived,
     OpenRequested,
+    ReleaseRequested,
     ServerConnection,
     ServerEvent,
+    ShareRequested,
     StdinReceived,
 )
 
@@ -369,3 +384,92 @@ def test_memory_for_ended_ids_stays_bounded() -> None:
     core.data_to_send()
     events(core, ctrl(20_000, Open()))  # an ended id is still refused as reused
     assert controls(core)[0][1]["channel"] == 20_000
+
+
+# --- section 11: observers and grants ------------------------------------------------
+
+
+def _observed(window: bool = False) -> ServerConnection:
+    """A connection whose channel 1 is attached as an observer."""
+    core = ServerConnection()
+    core.receive_data((WINDOWED if window else MULTIPLEX)
+                      + ctrl(1, {"type": "attach", "session": "s1", "role": "observer"}))
+    assert isinstance(core.next_event(), HelloReceived)
+    core.accept_hello("test")
+    event = core.next_event()
+    assert isinstance(event, AttachRequested) and event.request.role == "observer"
+    core.attached(1, Attached(session="s1", pid=1, pty=False, dropped=0, role="observer"))
+    core.data_to_send()
+    return core
+
+
+def test_an_observers_stdin_is_dropped_and_spends_no_credit() -> None:
+    core = _observed(window=True)
+    assert events(core, encode_frame(FrameKind.STDIN, 1, b"x" * 500)) == []  # 5x its window
+    assert controls(core) == []  # without a word, and no protocol error
+    assert not core.closing
+
+
+@pytest.mark.parametrize("message", [{"type": "resize", "rows": 5, "cols": 5},
+                                     {"type": "signal", "name": "INT"}, {"type": "eof"},
+                                     {"type": "cancel"}])
+def test_writer_only_messages_from_an_observer_are_read_only(message: dict[str, object],
+                                                             ) -> None:
+    core = _observed()
+    assert events(core, ctrl(1, message)) == []
+    ((channel, refused),) = controls(core)
+    assert channel == 1 and refused["code"] == "read_only" and not core.closing
+    assert core.channels.state(1) is ChannelState.OPEN  # the channel goes on
+    assert [type(e) for e in events(core, ctrl(1, {"type": "detach"}))] == [DetachRequested]
+
+
+def _granted(role: str = "observer") -> ServerConnection:
+    core = ServerConnection()
+    core.receive_data(ctrl(0, Hello(protocol=1, multiplex=True, grant="gsecret")))
+    assert isinstance(core.next_event(), HelloReceived)
+    core.accept_hello("test", GrantScope(session="s1", role=role,  # type: ignore[arg-type]
+                                         expires="2026-12-02T00:00:00.000Z"))
+    ((_, welcome),) = controls(core)
+    assert welcome["grant"] == {"session": "s1", "role": role,
+                                "expires": "2026-12-02T00:00:00.000Z"}
+    return core
+
+
+@pytest.mark.parametrize(("channel", "request_"), [
+    (1, {"type": "open"}), (2, {"type": "attach", "session": "s2", "role": "observer"}),
+    (3, {"type": "attach", "session": "s1"})])
+def test_a_grants_connection_attaches_its_session_in_its_role_only(
+        channel: int, request_: dict[str, object]) -> None:
+    core = _granted()
+    assert events(core, ctrl(channel, request_)) == []
+    ((on, refused),) = controls(core)
+    assert on == channel and refused["code"] == "forbidden"
+    core.receive_data(ctrl(9, {"type": "attach", "session": "s1", "role": "observer"}))
+    assert isinstance(core.next_event(), AttachRequested)  # what it may do, it may
+
+
+@pytest.mark.parametrize("request_", [{"type": "list"}, {"type": "unshare", "grant": "g"},
+                                      {"type": "share", "session": "s1", "ttl": 5}])
+def test_a_grants_connection_may_not_list_share_or_unshare(request_: dict[str, object],
+                                                          ) -> None:
+    core = _granted("writer")
+    assert events(core, ctrl(0, request_)) == []
+    ((channel, refused),) = controls(core)
+    assert channel == 0 and refused["code"] == "forbidden" and not core.closing
+
+
+def test_only_a_writer_grant_releases_and_only_its_session() -> None:
+    release = ctrl(0, {"type": "release", "session": "s1"})
+    assert events(_granted("observer"), release) == []  # ignored: not the owner's exit
+    assert [type(e) for e in events(_granted("writer"), release)] == [ReleaseRequested]
+    other = _granted("writer")
+    assert events(other, ctrl(0, {"type": "release", "session": "s2"})) == []
+
+
+def test_share_refused_on_channel_0_goes_on() -> None:
+    core = ready()
+    assert events(core, ctrl(0, {"type": "share", "session": "s1", "ttl": 0})) == []
+    ((channel, refused),) = controls(core)
+    assert channel == 0 and refused["code"] == "bad_request" and not core.closing
+    (event,) = events(core, ctrl(0, {"type": "share", "session": "s1"}))
+    assert isinstance(event, ShareRequested) and event.request.ttl is None

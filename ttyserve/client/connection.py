@@ -573,8 +573,9 @@ class Connection:
                        else self._sessions.get(event.channel))
             if session is None:
                 return
-            if isinstance(event, ExitReceived) and session.id is not None:
-                self._push(link, link.core.release(session.id))  # read: it may be forgotten
+            if isinstance(event, ExitReceived) and session.id is not None and (
+                    session.role == WRITER):  # read: it may be forgotten (an observer's
+                self._push(link, link.core.release(session.id))  # exit is not the owner's)
             if isinstance(event, AttachedReceived) and session.lost_at is not None:
                 self._resumed(link, session, event)
             await session.feed(event)

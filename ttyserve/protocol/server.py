@@ -373,6 +373,11 @@ class ServerConnection:
                 self._frame_error(0, exc)
                 return None
             raise RemoteProtocolError(exc.message) from exc  # channel 0 has no other answer
+        if isinstance(message, Release) and (scope := self.scope) is not None:
+            # Only a writer's grant may let its session's kept exit go; an observer's client
+            # releases what it read, which is not the owner's to lose: ignored, as unknown.
+            return (ReleaseRequested(message.session)
+                    if scope.role == WRITER and message.session == scope.session else None)
         if self.scope is not None and not isinstance(message, Ping | Pong):
             self._frame_error(0, RequestError(
                 ErrorCode.FORBIDDEN, f"{msg_type!r} is not for a connection admitted by a grant "

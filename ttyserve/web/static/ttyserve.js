@@ -239,6 +239,7 @@ export class Session extends EventTarget {
     this.pid = null;
     this.argv = null;
     this.id = null; // a detachable session's id
+    this.role = "writer"; // or "observer" (section 11), as `attached` says
     this.ended = false;
     this.bytesReceived = 0; // output received, and output the frontend said it took:
     this.bytesConsumed = 0; // with a window, the difference never exceeds it
@@ -327,6 +328,7 @@ export class Session extends EventTarget {
       this.pid = message.pid;
       this.argv = message.argv ?? this.argv;
       this.id = message.session ?? null;
+      this.role = message.role ?? "writer";
       if (message.type === "attached") {
         this.offsets = { stdout: message.offsets?.stdout ?? 0,
                          stderr: message.offsets?.stderr ?? 0 };
@@ -350,7 +352,8 @@ export class Session extends EventTarget {
       this.dispatchEvent(new CustomEvent("audience", { detail: message }));
     } else if (message.type === "exit") {
       this._end();
-      if (this.id) this.connection.release(this.id); // read: the server may forget it
+      // Read: the server may forget it (not an observer's to say: the writer may not have it).
+      if (this.id && this.role !== "observer") this.connection.release(this.id);
       this.dispatchEvent(new CustomEvent("exit", { detail: message }));
     } else if (message.type === "error") {
       if (this._opened) {
