@@ -78,7 +78,8 @@ async def watch(peer: RawPeer, session: str, channel: int = 1, **members: object
 async def next_on(peer: RawPeer, channel: int) -> dict[str, object]:
     """The next control message on ``channel`` (output frames before it are kept)."""
     while True:
-        frame = await peer.next_frame()
+        with anyio.fail_after(10):
+            frame = await peer.next_frame()
         assert frame is not None, f"connection closed before a control message on {channel}"
         if frame.kind is FrameKind.CTRL_OUT and frame.channel == channel:
             return json.loads(frame.payload)

@@ -89,7 +89,6 @@ function connect(stored) {
       connection.addEventListener("welcome", (event) => {
         role = event.detail.grant?.role ?? "observer";
         body.dataset.role = role;
-        term.options.disableStdin = role === "observer";
         begin(connection, stored, resolve);
       }, { once: true });
     }
