@@ -39,6 +39,7 @@ from .systems import (
     TtyserveNoCgroupSystem,
     TtyserveObservedSystem,
     TtyserveResumeSystem,
+    TtyserveStalledSystem,
     TtyserveSystem,
     TtyserveUnobservedSystem,
     TtyserveWsSystem,
@@ -101,6 +102,7 @@ def make_systems(names: list[str], workdir: str) -> list[System]:
         "ttyserve-nocg": TtyserveNoCgroupSystem,
         "ttyserve-observed": TtyserveObservedSystem,
         "ttyserve-unobserved": TtyserveUnobservedSystem,
+        "ttyserve-stalled": TtyserveStalledSystem,
     }
     return [factories[name](workdir) for name in names]
 

@@ -599,6 +599,7 @@ class TtyserveObservedSystem(TtyserveLibSystem):
 
     name = "ttyserve-observed"
     observers = 10
+    stall = False  # the observers never read (their credit is never given back)
 
     @contextlib.contextmanager
     def _watched(self, session_id: str | None, transport: str) -> Any:
@@ -608,8 +609,8 @@ class TtyserveObservedSystem(TtyserveLibSystem):
             return
         assert session_id is not None
         argv = [sys.executable, "-m", "benchmarks.observers", self.server.address(transport),
-                session_id, str(self.observers), *([self.server.token] if self.server.token
-                                                   else [])]
+                session_id, str(self.observers), "stall" if self.stall else "read",
+                *([self.server.token] if self.server.token else [])]
         watchers = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
         try:
             assert watchers.stdout is not None
@@ -669,6 +670,14 @@ class TtyserveObservedSystem(TtyserveLibSystem):
 class TtyserveUnobservedSystem(TtyserveObservedSystem):
     name = "ttyserve-unobserved"
     observers = 0
+
+
+class TtyserveStalledSystem(TtyserveObservedSystem):
+    """One observer that never reads: it must cost the writer nothing (skipped forward)."""
+
+    name = "ttyserve-stalled"
+    observers = 1
+    stall = True
 
 
 RESUME_WINDOW = 60  # seconds: `spawn(resume=...)` of the resume system

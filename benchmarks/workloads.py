@@ -392,7 +392,8 @@ def measure_resume(system: System, ctx: Context) -> dict[str, float]:
 PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
 ALL_SYSTEMS = (*PEERS, "ttyserve-resume",  # (compared only with ttyserve-lib)
                "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
-               "ttyserve-unobserved", "ttyserve-observed")  # (observers' cost: each other)
+               "ttyserve-unobserved", "ttyserve-observed",  # (observers' cost: each other)
+               "ttyserve-stalled")
 
 WORKLOADS = [
     Workload(
@@ -509,12 +510,13 @@ def measure_observed(system: System, ctx: Context) -> dict[str, float]:
 
 WORKLOADS.append(Workload(
     "observers", "Observers' cost (section 11): a detachable session's pipe output and echo, "
-                 "as its writer sees them, with 0 (unobserved) and 10 observers (observed) "
-                 "reading everything in another process",
+                 "as its writer sees them, with no observer (unobserved), 10 reading "
+                 "everything in another process (observed), and one that never reads "
+                 "(stalled)",
     [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB"),
      Metric("p50_us", "echo p50 us"), Metric("p99_us", "echo p99 us")],
-    [],
-    ("ttyserve-unobserved", "ttyserve-observed"), measure_observed))
+    [Target("mbps", ">=", 0.8, "ttyserve-unobserved", system="ttyserve-stalled")],
+    ("ttyserve-unobserved", "ttyserve-observed", "ttyserve-stalled"), measure_observed))
 
 BY_NAME = {workload.name: workload for workload in WORKLOADS}
 

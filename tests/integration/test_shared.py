@@ -136,6 +136,8 @@ async def test_one_writer_and_session_in_use_between_writers_only(unix: str) -> 
             assert refused.value.code == "session_in_use"
             # A writer that detaches leaves the observers watching; a new writer comes in.
             await session.detach()
+            with pytest.raises(SessionDetached):
+                await session.wait()  # (`detached` came: the server has let go of it)
             writer = await other.attach(session.id or "")
             await writer.send(b"after\n")
             for watcher in watchers:
@@ -208,6 +210,8 @@ async def test_a_writer_attaching_is_told_how_many_watch(
         async with connect(unix, multiplex=True) as other:
             await other.attach(session.id or "", role="observer")
             await session.detach()
+            with pytest.raises(SessionDetached):
+                await session.wait()
             async with raw_peer(unix) as peer:
                 await peer.send(hello() + ctrl(1, Attach(session=session.id or "")))
                 await next_on(peer, 0)
@@ -323,6 +327,8 @@ async def test_a_writer_grant_writes(unix: str, tcp: str) -> None:
         session = await owner.spawn(CAT, pty=False, detachable=True)
         shared = await owner.share(session.id or "", role="writer", ttl=60)
         await session.detach()
+        with pytest.raises(SessionDetached):
+            await session.wait()
         async with connect(tcp, grant=shared.grant, multiplex=True) as guest:
             writer = await guest.attach(session.id or "")
             assert guest.welcome is not None and guest.welcome.grant is not None

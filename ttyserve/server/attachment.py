@@ -44,6 +44,11 @@ class ChannelHost(Protocol):
         """Frame output and hand it to the writer (within `output_limit`)."""
         ...
 
+    def send_output_soon(self, channel: int, kind: FrameKind,
+                         data: bytes | memoryview) -> None:
+        """Frame output that may be handed on at the end of this turn of the loop."""
+        ...
+
     def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         """Answer the channel's `attach`: from here on the channel is ``attachment``'s (its
         exit may end it before `Attachment.attach` returns)."""

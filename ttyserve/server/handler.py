@@ -11,6 +11,7 @@ way through the layers.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -22,7 +23,7 @@ from typing import TypeVar
 import anyio
 import anyio.abc
 
-from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE
+from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
 from ..errors import ErrorCode, RemoteProtocolError, RequestError
 from ..protocol.frames import FrameKind
 from ..protocol.heartbeat import Beat, Heartbeat
@@ -110,6 +111,8 @@ class ConnectionHandler:
         self.grant: Grant | None = None  # what admitted it instead of the token (section 11)
         self._draining = False
         self._later: Later | None = None  # what the readiness callback left the reader task
+        self._unflushed = 0  # output framed by `send_output_soon` and not handed on yet
+        self._flush_soon = False  # a flush at the end of this turn of the loop is due
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -211,6 +214,7 @@ class ConnectionHandler:
 
     def flush(self) -> None:
         """Hand what the core framed to the writer, without waiting."""
+        self._unflushed = 0
         if self.core.pending and not self.outbox.broken:
             if (heartbeat := self._heartbeat) is not None:
                 heartbeat.last_sent = time.monotonic()
@@ -225,6 +229,29 @@ class ConnectionHandler:
     def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
         if self.core.send_output(channel, kind, data):
             self.flush()
+
+    def send_output_soon(self, channel: int, kind: FrameKind,
+                         data: bytes | memoryview) -> None:
+        """Frame output that may go at the end of this turn of the loop: an observer's, so
+        the frames of a chunk to every observer on this connection go in one send (never
+        more than SOON_BYTES wait so, unseen by the send queue's bound)."""
+        if not self.core.send_output(channel, kind, data):
+            return
+        self._unflushed += len(data)
+        if self._unflushed >= SOON_BYTES:
+            self.flush()
+        elif not self._flush_soon:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # (not asyncio's loop: no callbacks to wait for)
+                self.flush()
+                return
+            self._flush_soon = True
+            loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_soon = False
+        self.flush()
 
     def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         self.attachments[attachment.channel] = attachment

@@ -131,7 +131,7 @@ class Observer:
             size = len(data)
             self._held -= size
             self._next[kind] += size
-            host.send_output(channel, kind, data)
+            host.send_output_soon(channel, kind, data)
         if self._exit is not None:
             if self._skipped:
                 self._tell_skipped()

@@ -297,10 +297,11 @@ class ServerSession:
                 self.modes.feed(data)
         for tap in self.taps:
             tap.output(kind, data)
-        for observer in self.observers:
-            observer.output(kind, data)
         sink = self.sink
-        return sink is None or sink.send_output(kind, data)
+        room = sink is None or sink.send_output(kind, data)  # the writer's first: a keystroke's
+        for observer in self.observers:  # echo is not held up by what the observers cost
+            observer.output(kind, data)
+        return room
 
     def pump_done(self, pump: OutputPump) -> None:
         self._open_streams -= 1
