@@ -137,7 +137,9 @@ def build_parser(command: str | None = None) -> _Parser:
                         "--live show it)")
 
     share = commands.add_parser(
-        "share", help="let someone without the token watch (or write to) one session")
+        "share", help="let someone without the token watch (or write to) one session",
+        description="Make a grant for one of your sessions and print it (with a ws: or wss: "
+                    "--connect, also the page's link).")
     share.usage_exit = ExecExit.FAILURE
     _connect_arguments(share)
     share.add_argument("--writer", action="store_true",
@@ -159,13 +161,7 @@ def build_parser(command: str | None = None) -> _Parser:
     sessions.add_argument("--live", action="store_true",
                           help="the server's detachable sessions for the caller, running, "
                                "detached or ended (instead of a journal's records)")
-    sessions.add_argument("--connect", metavar="ADDR",
-                          help="with --live: server address (default: $TTYSERVE_CONNECT, else "
-                               "the user's socket)")
-    sessions.add_argument("--token-file", metavar="FILE",
-                          help="with --live: file (mode 600) holding the server's token")
-    sessions.add_argument("--tls-ca", metavar="FILE",
-                          help="with --live: CA certificates that sign the server's")
+    _connect_arguments(sessions)  # (with --live)
     sessions.add_argument("--journal", metavar="FILE",
                           help="journal file (default: $TTYSERVE_JOURNAL)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
@@ -178,7 +174,7 @@ def _connect_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and with what a command that only asks the server something connects."""
     parser.add_argument("--connect", metavar="ADDR",
                         help="server address (default: $TTYSERVE_CONNECT, else the user's "
-                             "socket); a ws: or wss: one also prints the page's link")
+                             "socket)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="file (mode 600) holding the server's token (default: "
                              "$TTYSERVE_TOKEN)")

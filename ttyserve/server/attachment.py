@@ -16,7 +16,7 @@ import collections
 from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.frames import FrameKind
-from ..protocol.messages import WRITER, Attached, Exit, Offsets
+from ..protocol.messages import WRITER, Attached, Exit, Offsets, Role
 
 if TYPE_CHECKING:
     from .observer import Observer
@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
 Chunks = collections.deque[tuple[FrameKind, bytes | memoryview]]
+
+
+def take(chunks: Chunks, limit: int) -> tuple[FrameKind, bytes | memoryview]:
+    """The first ``limit`` bytes at most of the first chunk, taken off (a view: no copy)."""
+    kind, data = chunks[0]
+    if len(data) > limit:
+        view = memoryview(data)
+        chunks[0] = (kind, view[limit:])
+        return kind, view[:limit]
+    chunks.popleft()
+    return kind, data
 
 
 class ChannelHost(Protocol):
@@ -72,12 +83,12 @@ class ChannelHost(Protocol):
         ...
 
 
-class Attachment:
-    """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
+class SessionChannel:
+    """What every channel attached to a session is: its connection (``host``), its id, the
+    session, the grant it came through; a writer's (`Attachment`) or an observer's."""
 
-    __slots__ = ("_redraw", "_replay", "channel", "grant", "host", "live", "released",
-                 "session")
-    role = WRITER
+    __slots__ = ("channel", "grant", "host", "released", "session")
+    role: Role
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
                  grant: str | None = None) -> None:
@@ -85,8 +96,23 @@ class Attachment:
         self.channel = channel
         self.session = session
         self.grant = grant  # the public id of the grant it came through, if it did
-        self.live = True  # the gate: output and the exit go out once the replay has
         self.released = False  # the channel ended, or the session let go of it
+
+    @property
+    def peer(self) -> str:
+        return str(self.host.peer)
+
+
+class Attachment(SessionChannel):
+    """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
+
+    __slots__ = ("_redraw", "_replay", "live")
+    role = WRITER
+
+    def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
+                 grant: str | None = None) -> None:
+        super().__init__(host, channel, session, grant)
+        self.live = True  # the gate: output and the exit go out once the replay has
         self._replay: Chunks | None = None  # what the replay has left to send
         self._redraw = False  # SIGWINCH once the replay is over (a fresh terminal)
 
@@ -136,10 +162,6 @@ class Attachment:
         self.released = True
         return self.host.end_channel(self, status)
 
-    @property
-    def peer(self) -> str:
-        return str(self.host.peer)
-
     def audience(self, observers: int) -> None:
         """The number of observers changed (section 11)."""
         if not self.released:
@@ -176,13 +198,7 @@ class Attachment:
             limit = host.output_limit(channel)
             if not limit:
                 return
-            kind, data = replay[0]
-            if len(data) > limit:
-                view = memoryview(data)
-                replay[0] = (kind, view[limit:])
-                data = view[:limit]
-            else:
-                replay.popleft()
+            kind, data = take(replay, limit)
             host.send_output(channel, kind, data)
         self._replay = None
         self.live = True

@@ -16,26 +16,21 @@ from typing import TYPE_CHECKING
 
 from ..protocol.frames import FrameKind
 from ..protocol.messages import OBSERVER, Attached, Exit, Offsets
-from .attachment import ChannelHost, Chunks
+from .attachment import ChannelHost, Chunks, SessionChannel, take
 
 if TYPE_CHECKING:
     from .session import ServerSession
 
 
-class Observer:
+class Observer(SessionChannel):
     """One channel watching ``session``."""
 
-    __slots__ = ("_exit", "_held", "_next", "_skipped", "backlog", "channel", "grant", "host",
-                 "limit_bytes", "released", "session")
+    __slots__ = ("_exit", "_held", "_next", "_skipped", "backlog", "limit_bytes")
     role = OBSERVER
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
                  grant: str | None = None) -> None:
-        self.host = host
-        self.channel = channel
-        self.session = session
-        self.grant = grant  # the public id of the grant it came through, if it did
-        self.released = False  # the channel ended, or the session let go of it
+        super().__init__(host, channel, session, grant)
         self.backlog: Chunks = collections.deque()  # not sent yet, oldest first
         assert session.ring is not None, "only a detachable session can be observed"
         self.limit_bytes = session.ring.size  # the backlog's bound: a scrollback
@@ -71,10 +66,6 @@ class Observer:
             session.redraw()
         observer.resume()
         return observer
-
-    @property
-    def peer(self) -> str:
-        return str(self.host.peer)
 
     # --- the session's side ---------------------------------------------------------
 
@@ -121,13 +112,7 @@ class Observer:
                 return
             if self._skipped:
                 self._tell_skipped()
-            kind, data = backlog[0]
-            if len(data) > limit:
-                view = memoryview(data)
-                backlog[0] = (kind, view[limit:])
-                data = view[:limit]
-            else:
-                backlog.popleft()
+            kind, data = take(backlog, limit)
             size = len(data)
             self._held -= size
             self._next[kind] += size
