@@ -42,6 +42,7 @@ DRAIN_RECEIVE = 64 * 1024  # one read of what a peer still sends while a connect
 CARRIER_STDERR_READ = 64 * 1024  # one read of a carrier's stderr (ssh's diagnostics)
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows
 OUTBOX_LIMIT = 1 << 20  # bytes queued for a connection before its producers wait
+REDRAW_INTERVAL = 1.0  # seconds: observers attaching make a program redraw once so at most
 SOON_BYTES = 64 * 1024  # an observer's output framed and held until the loop's turn ends
 KILL_GRACE = 1.0  # seconds between a session's hang-up (SIGHUP) and SIGKILL when it is ended
 BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`

@@ -19,7 +19,7 @@ TOKEN = "share-cli-token"
 
 @pytest.fixture
 def server(short_dir: Path) -> Iterator[ServerProcess]:
-    process = start_server(short_dir, "--command", "/bin/sh",
+    process = start_server(short_dir, "--command", "/bin/sh", "--max-share-ttl", "1800",
                            "--token-file", str(token_file(short_dir, TOKEN)),
                            listen=[f"unix:{short_dir / 's.sock'}", "tcp:127.0.0.1:0",
                                    "ws:127.0.0.1:0"])
@@ -55,7 +55,8 @@ def test_share_attach_with_the_grant_and_unshare(server: ServerProcess, short_di
         assert grant and "\n" not in grant
         assert re.search(r"observer grant (gid-\S+) for session " + session_id,
                          shared.stderr), shared.stderr
-        browse = run("share", "--connect", ws, *token, session_id)
+        browse = run("share", "--connect", ws, *token, session_id)  # no --ttl: the server's
+        assert browse.returncode == 0, browse.stderr  # default, within its --max-share-ttl
         host_port = ws.removeprefix("ws:")
         assert re.fullmatch(rf"g\S+\nbrowse http://{re.escape(host_port)}/#grant=g\S+"
                             rf"&session={session_id}\n", browse.stdout), browse.stdout
@@ -93,5 +94,5 @@ def test_share_refusals_exit_255_naming_what_was_wrong(server: ServerProcess) ->
     assert unknown.returncode == 255 and "no such session" in unknown.stderr
     bad_ttl = run("share", "--connect", unix, "--ttl", "soon", "sany")
     assert bad_ttl.returncode == 255 and "'soon' is not a duration" in bad_ttl.stderr
-    too_long = run("share", "--connect", unix, "--ttl", "2d", "sany")
+    too_long = run("share", "--connect", unix, "--ttl", "1h", "sany")
     assert too_long.returncode == 255 and "max-share-ttl" in too_long.stderr

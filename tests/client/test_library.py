@@ -28,7 +28,14 @@ from ttyserve import (
 from ttyserve.client import Connection
 from ttyserve.errors import ErrorCode
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
-from ttyserve.protocol.messages import Exit, Opened, SessionInfo, Welcome, encode_message
+from ttyserve.protocol.messages import (
+    Attached,
+    Exit,
+    Opened,
+    SessionInfo,
+    Welcome,
+    encode_message,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -219,3 +226,28 @@ async def test_a_session_nobody_reads_does_not_stall_the_others(
         out = b"".join([c.data async for c in other])
         assert out == b"".join(b"%d\n" % n for n in range(1, 3001))
         await unread.cancel()
+
+
+async def test_an_observer_attached_as_writer_by_an_old_server_is_refused_and_detached(
+        short_dir: Path) -> None:
+    """A server that does not know section 11 ignores `role` and attaches a writer (its
+    `attached` says no role): the library never acts as a writer for a client that asked
+    to watch; it raises, and detaches the channel at once."""
+    detached = anyio.Event()
+
+    async def script(stream: anyio.abc.SocketStream) -> None:
+        await stream.send(WELCOME + server_frame(1, Attached(session="s1", pid=1, pty=True,
+                                                             dropped=0)))
+        decoder = FrameDecoder()
+        while not detached.is_set():
+            for frame in decoder.feed(await stream.receive()):
+                if frame.channel == 1 and b'"detach"' in frame.payload:
+                    detached.set()
+
+    async with scripted_server(short_dir / "s.sock", script) as address, connect(
+            address, multiplex=True) as conn:
+        with pytest.raises(RequestError) as refused:
+            await conn.attach("s1", role="observer")
+        assert "does not serve observers" in refused.value.message
+        with anyio.fail_after(5):
+            await detached.wait()

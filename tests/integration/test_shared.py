@@ -437,3 +437,35 @@ async def test_an_observer_reading_the_exit_leaves_it_for_the_writer(
         chunk = await again.receive()
         assert chunk is not None and chunk.data == b"bye\n"
         assert (await again.wait()).code == 7
+
+
+async def test_a_steal_and_a_revoked_writer_grant_are_journaled_and_release_nothing(
+        unix: str, tcp: str, tmp_path: Path, short_dir: Path) -> None:
+    """A steal writes the stolen channel's detach (reason stolen); a writer grant's
+    connection cannot make the server forget its session's kept exit once the grant was
+    revoked (the owner still gets it)."""
+    go = tmp_path / "go"
+    async with connect(unix, multiplex=True) as owner:
+        session = await owner.spawn(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; '
+                                     "done; exit 7"], pty=False, detachable=True)
+        shared = await owner.share(session.id or "", role="writer", ttl=60)
+        async with connect(tcp, grant=shared.grant, multiplex=True) as guest:
+            await guest.attach(session.id or "", steal=True)
+            with pytest.raises(SessionDetached):
+                await session.wait()
+            assert session.detached is not None and session.detached.reason == "stolen"
+        async with raw_peer(tcp) as peer:
+            await peer.send(hello(grant=shared.grant))
+            assert (await next_on(peer, 0))["type"] == "welcome"
+            await owner.unshare(shared.id or "")
+            watcher = await owner.attach(session.id or "", role="observer")
+            go.touch()
+            assert (await watcher.wait()).code == 7  # ended, detached: its exit is kept
+            await peer.send(ctrl(0, {"type": "release", "session": session.id})
+                            + ctrl(0, {"type": "ping"}))
+            assert await next_on(peer, 0) == {"type": "pong"}  # the release was read first
+        again = await owner.attach(session.id or "")
+        assert (await again.wait()).code == 7
+    records = read_file(str(short_dir / "j.jsonl")).records
+    stolen = [r for r in records if isinstance(r, SessionDetach) and r.reason == "stolen"]
+    assert [(r.id, r.role) for r in stolen] == [(session.id, "writer")]

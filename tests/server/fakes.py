@@ -26,6 +26,7 @@ from ttyserve.server.attachment import Attachment
 from ttyserve.server.observer import Observer
 from ttyserve.server.session import ServerSession
 from ttyserve.transport.readiness import Watch
+from ttyserve.transport.streams import Buffer
 
 
 class FakeWatch:
@@ -185,7 +186,7 @@ class Wire:
     def output_limit(self, channel: int) -> int:
         return self.core.output_limit(channel) if self.room else 0
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
+    def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> None:
         self.core.send_output(channel, kind, bytes(data))
 
     send_output_soon = send_output  # (what the core framed is read by `frames`)

@@ -83,3 +83,37 @@ def test_the_observers_exit_follows_its_backlog_and_the_process_never_waited() -
     assert b"".join(f.payload for f in frames if f.kind is FrameKind.STDOUT) == b"x" * 100
     assert controls(frames, channel)[-1] == {"type": "exit", "code": 3}
     assert wire.ended == [observer] and session.observers == []
+
+
+def test_an_observer_with_credit_gets_a_chunk_larger_than_the_scrollback_whole() -> None:
+    """Only what waits beyond a scrollback is skipped: one read larger than the ring goes
+    out whole to an observer that keeps up."""
+    session, _ = make_session(pty=False)
+    wire = Wire(window=1 << 20)
+    channel = wire.open_channel(pty=False)
+    Observer.attach(wire, channel, session)
+    session.deliver(FrameKind.STDOUT, b"z" * (RING + 6000))
+    frames = wire.frames()
+    assert b"".join(f.payload for f in frames if f.kind is FrameKind.STDOUT) == (
+        b"z" * (RING + 6000))
+    assert [c["type"] for c in controls(frames, channel)] == ["attached"]  # nothing skipped
+
+
+def test_a_stalled_observers_backlog_of_tiny_writes_stays_within_a_scrollback() -> None:
+    """A flood of one-byte writes to an observer that never reads: the backlog is counted as
+    the ring counts (a cost per chunk) and small writes are joined, so it holds about a
+    scrollback of memory, not one object per byte."""
+    session, _ = make_session(pty=False)
+    wire = Wire(window=1)
+    channel = wire.open_channel(pty=False)
+    observer = Observer.attach(wire, channel, session)
+    for _ in range(100_000):
+        session.deliver(FrameKind.STDOUT, b".")
+    held = sum(len(data) for _, data in observer.backlog)
+    assert held <= RING and len(observer.backlog) <= 2  # joined, within the bound
+    _window(wire, channel, 1 << 20)
+    observer.resume()
+    frames = wire.frames()
+    (skipped,) = [c for c in controls(frames, channel) if c["type"] == "skipped"]
+    sent = sum(len(f.payload) for f in frames if f.kind is FrameKind.STDOUT)
+    assert sent + int(skipped["bytes"]) == 100_000  # type: ignore[call-overload]

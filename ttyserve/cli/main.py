@@ -14,7 +14,6 @@ from ..defaults import (
     DEFAULT_HEARTBEAT,
     DEFAULT_PARALLEL,
     DEFAULT_REMOTE_COMMAND,
-    DEFAULT_SHARE_TTL,
     MAX_HEARTBEAT,
 )
 from ..errors import AddressError, ConfigError, UsageError
@@ -129,9 +128,10 @@ def build_parser(command: str | None = None) -> _Parser:
     attach.add_argument("--observe", action="store_true",
                         help="watch read-only: keys typed are not sent (the detach key and "
                              "Ctrl-C leave), the writer is not disturbed")
-    attach.add_argument("--grant", metavar="GRANT",
+    attach.add_argument("--grant", metavar="GRANT", default=os.environ.get("TTYSERVE_GRANT"),
                         help="come in with a grant (ttyserve share) instead of the token: "
-                             "attach in the grant's role")
+                             "attach in the grant's role (default: $TTYSERVE_GRANT, which "
+                             "keeps it out of the process list)")
     attach.add_argument("--json", action="store_true", help="JSON events on stdout, one per line")
     attach.add_argument("session", metavar="ID", help="the session's id (exec and sessions "
                         "--live show it)")
@@ -144,9 +144,9 @@ def build_parser(command: str | None = None) -> _Parser:
     _connect_arguments(share)
     share.add_argument("--writer", action="store_true",
                        help="the grant lets its holder type too (default: watch only)")
-    share.add_argument("--ttl", type=_duration, default=DEFAULT_SHARE_TTL, metavar="DURATION",
-                       help="how long the grant lasts: 90, 30m, 1h, 2d (default 1h; at most "
-                            "the server's --max-share-ttl)")
+    share.add_argument("--ttl", type=_duration, metavar="DURATION",
+                       help="how long the grant lasts: 90, 30m, 1h, 2d (default: 1h, or the "
+                            "server's --max-share-ttl if that is less)")
     share.add_argument("--json", action="store_true",
                        help="the grant as one JSON object (with its id, role, expiry)")
     share.add_argument("session", metavar="ID", help="the session's id")

@@ -43,7 +43,7 @@ def _tls(address: Address, tls_ca: str | None) -> ssl.SSLContext | None:
 
 
 async def _share(address: Address, token: str | None, tls: ssl.SSLContext | None,
-                 session: str, writer: bool, ttl: int) -> Shared:
+                 session: str, writer: bool, ttl: int | None) -> Shared:
     async with connect(address, token=token, tls=tls, multiplex=True) as conn:
         return await conn.share(session, role=WRITER if writer else OBSERVER, ttl=ttl)
 
@@ -55,7 +55,7 @@ async def _unshare(address: Address, token: str | None, tls: ssl.SSLContext | No
 
 
 def share_main(address: Address, token: str | None, tls_ca: str | None, session: str,
-               writer: bool, ttl: int, as_json: bool) -> int:
+               writer: bool, ttl: int | None, as_json: bool) -> int:
     """Print a new grant for ``session`` (and the page's link for a WebSocket address)."""
     try:
         shared = anyio.run(_share, address, token, _tls(address, tls_ca), session, writer, ttl)

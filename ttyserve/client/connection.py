@@ -245,6 +245,8 @@ class Connection:
         frame = link.core.open(channel, request)
         session = Session(self, channel, windowed=self.window is not None, resume=resume)
         session.pty = pty  # until the server says (a server that does not: what was asked)
+        if isinstance(request, Attach):
+            session.role = request.role  # what was asked, until `attached` confirms it
         self._sessions[channel] = session
         try:
             await self._write(link, frame)

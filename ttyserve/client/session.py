@@ -18,6 +18,7 @@ import anyio
 from ..defaults import GOODBYE_WAIT
 from ..errors import (
     ConnectionLost,
+    ErrorCode,
     LocalProtocolError,
     RemoteProtocolError,
     RequestError,
@@ -343,7 +344,14 @@ class Session:
                                        stderr=attached.offsets.stderr)
             self._stale = self._unread
             self.prologue = attached.prologue
-            self.role = attached.role or WRITER
+            if self.role == OBSERVER and attached.role != OBSERVER:
+                # A server that does not know section 11 attaches a writer: never act as one
+                # for a client that asked to watch (the connection detaches it).
+                self._refusal = RequestError(
+                    ErrorCode.BAD_REQUEST, "the server attached this channel as writer, not "
+                    "observer: it does not serve observers (protocol section 11)")
+            else:
+                self.role = attached.role or WRITER
             self._answered.set()
         elif isinstance(event, NoticeReceived):
             notice = event.notice

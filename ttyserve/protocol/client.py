@@ -175,9 +175,7 @@ class ClientConnection:
 
     def list_sessions(self) -> bytes:
         """Frame `list` (channel 0); the answer is a SessionsReceived event."""
-        if self.hello_sent is None:
-            raise LocalProtocolError("'list' before 'hello'")
-        return _control_frame(0, List())
+        return self._channel_0(List())
 
     def share(self, request: Share) -> bytes:
         """Frame `share` (channel 0); the answer is an AnswerReceived event."""

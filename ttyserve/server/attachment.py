@@ -17,16 +17,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.frames import FrameKind
 from ..protocol.messages import WRITER, Attached, Exit, Offsets, Role
+from ..transport.streams import Buffer
 
 if TYPE_CHECKING:
     from .observer import Observer
     from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
-Chunks = collections.deque[tuple[FrameKind, bytes | memoryview]]
+Chunks = collections.deque[tuple[FrameKind, Buffer]]
 
 
-def take(chunks: Chunks, limit: int) -> tuple[FrameKind, bytes | memoryview]:
+def take(chunks: Chunks, limit: int) -> tuple[FrameKind, Buffer]:
     """The first ``limit`` bytes at most of the first chunk, taken off (a view: no copy)."""
     kind, data = chunks[0]
     if len(data) > limit:
@@ -51,12 +52,12 @@ class ChannelHost(Protocol):
         connection's send queue is full or the channel has ended."""
         ...
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
+    def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> None:
         """Frame output and hand it to the writer (within `output_limit`)."""
         ...
 
     def send_output_soon(self, channel: int, kind: FrameKind,
-                         data: bytes | memoryview) -> None:
+                         data: Buffer) -> None:
         """Frame output that may be handed on at the end of this turn of the loop."""
         ...
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..protocol.messages import OBSERVER, GrantInfo, GrantScope, Role
+from ..protocol.messages import GrantInfo, GrantScope, Role
 from .journal import rfc3339
 
 GRANT_BYTES = 32  # random bytes in a grant: 256 bits (the contract asks for at least 128)
@@ -50,9 +50,6 @@ class Grant:
 
     def info(self) -> GrantInfo:
         return GrantInfo(id=self.id, role=self.role, expires=self.expires_at)
-
-    def allows(self, role: Role) -> bool:
-        return self.role != OBSERVER or role == OBSERVER
 
 
 def _digest(grant: str) -> bytes:

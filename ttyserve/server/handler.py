@@ -56,7 +56,13 @@ from ..protocol.server import (
 )
 from ..transport.outbox import Outbox, TaskStarter
 from ..transport.readiness import ReadableService
-from ..transport.streams import PipeTransport, SocketTransport, Transport, close_gracefully
+from ..transport.streams import (
+    Buffer,
+    PipeTransport,
+    SocketTransport,
+    Transport,
+    close_gracefully,
+)
 from ..version import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
@@ -226,12 +232,12 @@ class ConnectionHandler:
     def output_limit(self, channel: int) -> int:
         return self.core.output_limit(channel) if self.outbox.has_room else 0
 
-    def send_output(self, channel: int, kind: FrameKind, data: bytes | memoryview) -> None:
+    def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> None:
         if self.core.send_output(channel, kind, data):
             self.flush()
 
     def send_output_soon(self, channel: int, kind: FrameKind,
-                         data: bytes | memoryview) -> None:
+                         data: Buffer) -> None:
         """Frame output that may go at the end of this turn of the loop: an observer's, so
         the frames of a chunk to every observer on this connection go in one send (never
         more than SOON_BYTES wait so, unseen by the send queue's bound)."""
@@ -403,7 +409,8 @@ class ConnectionHandler:
         elif isinstance(event, DetachRequested):
             self._detach(event.channel)
         elif isinstance(event, ReleaseRequested):
-            self.registry.release(event.session, self.principal)
+            if self.grant is None or self.registry.grants.live(self.grant):
+                self.registry.release(event.session, self.principal)
         elif isinstance(event, ListRequested):
             self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, ShareRequested):

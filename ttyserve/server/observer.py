@@ -6,7 +6,9 @@ process: the session hands every chunk to each observer and goes on. The backlog
 out as fast as the observer's credit and its connection take it; what is more than a
 scrollback behind is dropped from its head, and the observer is told with `skipped`
 (how many bytes, and the offsets its streams go on at) before the next output frame.
-Chunks are shared with the ring and the other observers, never copied.
+The backlog is bounded as the ring is: each chunk counts CHUNK_COST beyond its bytes, and
+small chunks of one stream are joined, so a flood of one-byte writes costs no more than a
+scrollback; large chunks are shared with the ring and the other observers, not copied.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
+from ..defaults import REDRAW_INTERVAL
 from ..protocol.frames import FrameKind
 from ..protocol.messages import OBSERVER, Attached, Exit, Offsets
 from .attachment import ChannelHost, Chunks, SessionChannel, take
+from .scrollback import CHUNK_COST, COALESCE
 
 if TYPE_CHECKING:
     from .session import ServerSession
@@ -34,7 +38,7 @@ class Observer(SessionChannel):
         self.backlog: Chunks = collections.deque()  # not sent yet, oldest first
         assert session.ring is not None, "only a detachable session can be observed"
         self.limit_bytes = session.ring.size  # the backlog's bound: a scrollback
-        self._held = 0  # bytes in the backlog
+        self._held = 0  # what the backlog holds, counted as the ring counts (CHUNK_COST)
         self._next = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}  # each stream's next offset
         self._skipped = 0  # dropped and not told yet
         self._exit: Exit | None = None  # to send once the backlog is out
@@ -54,8 +58,7 @@ class Observer(SessionChannel):
         observer = cls(host, channel, session, grant)
         observer._next = dict(begins)
         for kind, data in chunks:
-            observer.backlog.append((kind, data))
-            observer._held += len(data)
+            observer._add(kind, data)
         fresh = offsets is None or begins[FrameKind.STDOUT] > held.stdout
         host.frame_attached(observer, Attached(
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
@@ -63,22 +66,35 @@ class Observer(SessionChannel):
             prologue=session.prologue() if fresh else None, role=OBSERVER))
         session.add_observer(observer)
         if begins[FrameKind.STDOUT] > held.stdout and session.spec.pty:
-            session.redraw()
-        observer.resume()
+            session.redraw(unless_within=REDRAW_INTERVAL)  # (observers coming and going
+        observer.resume()  # must not keep a full-screen program redrawing)
         return observer
 
     # --- the session's side ---------------------------------------------------------
 
     def output(self, kind: FrameKind, data: bytes) -> None:
         """The session produced ``data``: behind the backlog, which goes on as far as it may;
-        a scrollback's worth at most waits, the oldest skipped."""
+        of what is left, a scrollback's worth at most waits, the oldest skipped."""
         if self.released:
             return
-        self.backlog.append((kind, data))
-        self._held += len(data)
-        if self._held > self.limit_bytes:
-            self._skip(self._held - self.limit_bytes)
+        self._add(kind, data)
         self.resume()
+        if self._held > self.limit_bytes:
+            self._skip()
+
+    def _add(self, kind: FrameKind, data: bytes) -> None:
+        backlog = self.backlog
+        last = backlog[-1] if backlog else None
+        if (last is not None and last[0] is kind and isinstance(last[1], bytearray)
+                and len(last[1]) + len(data) <= COALESCE):
+            last[1].extend(data)  # (a bytearray of its own: nothing else holds it)
+            self._held += len(data)
+        elif len(data) < COALESCE:
+            backlog.append((kind, bytearray(data)))
+            self._held += len(data) + CHUNK_COST
+        else:
+            backlog.append((kind, data))
+            self._held += len(data) + CHUNK_COST
 
     def finish(self, status: Exit) -> None:
         """The session is over: ``status`` is this channel's last frame, after the backlog."""
@@ -88,16 +104,19 @@ class Observer(SessionChannel):
 
     def release(self, reason: str | None = None) -> None:
         """The channel ends with `detached` (``reason``); the session goes on without it."""
-        if not self.released:
-            self.released = True
-            self.session.remove_observer(self)
-            self.host.end_channel(self, reason)
+        self._end(reason)
 
     def leave(self) -> None:
         """Its connection has gone: nothing more is sent."""
         if not self.released:
             self.released = True
             self.session.remove_observer(self)
+
+    def _end(self, last: Exit | str | None) -> None:
+        """The channel's last frame (`exit`, or `detached` with a reason)."""
+        if not self.released:
+            self.leave()
+            self.host.end_channel(self, last)
 
     # --- the connection's side ------------------------------------------------------
 
@@ -112,31 +131,32 @@ class Observer(SessionChannel):
                 return
             if self._skipped:
                 self._tell_skipped()
+            chunks = len(backlog)
             kind, data = take(backlog, limit)
             size = len(data)
-            self._held -= size
+            self._held -= size + (CHUNK_COST if len(backlog) < chunks else 0)
             self._next[kind] += size
             host.send_output_soon(channel, kind, data)
         if self._exit is not None:
             if self._skipped:
                 self._tell_skipped()
-            self.released = True
-            self.session.remove_observer(self)
-            self.host.end_channel(self, self._exit)
+            self._end(self._exit)
 
-    def _skip(self, size: int) -> None:
-        """Drop ``size`` bytes from the backlog's head."""
+    def _skip(self) -> None:
+        """Drop the backlog's oldest output until it is within its bound (as the ring
+        trims: whole chunks, then part of one, a view)."""
         backlog = self.backlog
-        while size:
+        while self._held > self.limit_bytes and backlog:
             kind, data = backlog[0]
-            if len(data) <= size:
+            excess = self._held - self.limit_bytes
+            if excess >= len(data):
                 backlog.popleft()
                 dropped = len(data)
+                self._held -= dropped + CHUNK_COST
             else:
-                backlog[0] = (kind, memoryview(data)[size:])
-                dropped = size
-            size -= dropped
-            self._held -= dropped
+                backlog[0] = (kind, memoryview(data)[excess:])
+                dropped = excess
+                self._held -= dropped
             self._next[kind] += dropped
             self._skipped += dropped
 

@@ -288,11 +288,7 @@ class SessionRegistry:
                 raise RequestError(ErrorCode.UNAUTHORIZED, "the grant this connection came "
                                    "with has expired or was revoked")
             owner = grant.owner
-        session = self.sessions.get(request.session)
-        if (session is None or not session.detachable or session.owner != owner
-                or session.ending is not None):
-            raise RequestError(ErrorCode.NO_SUCH_SESSION,
-                               "no such session: unknown, expired, or not yours")
+        session = self._owned(request.session, owner)
         observing = request.role == OBSERVER
         if observing:
             limit = self.settings.max_observers
@@ -311,12 +307,24 @@ class SessionRegistry:
         previous = session.sink
         if not observing and previous is not None:
             session.sink = None  # (the attach that follows takes it)
-            previous.release(STOLEN)
+            self.cut(session, previous, STOLEN)
         return session  # (the sweeper plans again with the attach's `note_soon`)
 
+    def _owned(self, session_id: str, owner: str) -> ServerSession:
+        """``owner``'s detachable session, not being ended; RequestError no_such_session for
+        anything else (unknown, expired, not detachable, another principal's: alike, so
+        its existence is not revealed)."""
+        session = self.sessions.get(session_id)
+        if (session is None or not session.detachable or session.owner != owner
+                or session.ending is not None):
+            raise RequestError(ErrorCode.NO_SUCH_SESSION,
+                               "no such session: unknown, ended, or not yours")
+        return session
+
     def cut(self, session: ServerSession, channel: Sink | Observer, reason: str) -> None:
-        """End one channel of ``session`` with `detached` ``reason`` (its grant revoked or
-        expired); the session goes on (detached, when it was its writer)."""
+        """End one channel of ``session`` with `detached` ``reason`` (stolen, or its grant
+        revoked or expired); the session goes on (detached, when it was its writer and no
+        other takes over)."""
         channel.release(reason)
         if session.sink is channel:
             session.detach()
@@ -333,9 +341,8 @@ class SessionRegistry:
         if ttl > limit:
             raise RequestError(ErrorCode.BAD_REQUEST, f"ttl {ttl} is over this server's "
                                f"--max-share-ttl of {limit} s")
-        session = self.sessions.get(request.session)
-        if (session is None or not session.detachable or session.owner != owner
-                or session.ending is not None or session.final is not None):
+        session = self._owned(request.session, owner)
+        if session.final is not None:
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such session: unknown, ended, or not yours")
         secret, grant = self.grants.make(session.id, request.role, ttl, owner)
@@ -354,33 +361,29 @@ class SessionRegistry:
         if grant is None:
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such grant: unknown, expired, or not yours")
-        channels = self._end_grant(grant, REVOKED)
-        log.info("%s: grant %s of session %s revoked (%d channels detached)", peer, grant.id,
-                 grant.session, channels)
-        self._record_soon(SessionUnshare, grant.session, peer=peer, grant=grant.id,
-                          channels=channels)
-        return grant, channels
+        return grant, self._end_grant(grant, REVOKED, peer)
 
-    def _end_grant(self, grant: Grant, reason: str) -> int:
-        """The grant is over: its channels end with `detached` ``reason``; how many."""
+    def _end_grant(self, grant: Grant, reason: str, peer: str | None = None) -> int:
+        """The grant is over (revoked by ``peer``, or expired): its channels end with
+        `detached` ``reason``, and the journal says so; how many channels."""
         self.grants.remove(grant)
         session = self.sessions.get(grant.session)
-        if session is None:
-            return 0
-        through = [channel for channel in (session.sink, *session.observers)
-                   if channel is not None and channel.grant == grant.id]
+        through = [] if session is None else [
+            channel for channel in (session.sink, *session.observers)
+            if channel is not None and channel.grant == grant.id]
         for channel in through:
+            assert session is not None
             self.cut(session, channel, reason)
+        log.info("%sgrant %s of session %s %s (%d channels detached)",
+                 f"{peer}: " if peer else "", grant.id, grant.session, reason, len(through))
+        self._record_soon(SessionUnshare, grant.session, peer=peer, grant=grant.id,
+                          reason=reason, channels=len(through))
         return len(through)
 
     def _expire_grants(self, now: float) -> float | None:
         """End the grants whose time ran out; the wall-clock time the next one does."""
         for grant in self.grants.due(now):
-            channels = self._end_grant(grant, EXPIRED)
-            log.info("grant %s of session %s expired (%d channels detached)", grant.id,
-                     grant.session, channels)
-            self._record_soon(SessionUnshare, grant.session, grant=grant.id, reason=EXPIRED,
-                              channels=channels)
+            self._end_grant(grant, EXPIRED)
         return self.grants.nearest()
 
     def listing(self, owner: str) -> list[SessionInfo]:

@@ -21,7 +21,7 @@ from ..defaults import OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
 
 CHUNK_COST = 64  # bytes a chunk counts beyond its data (the deque entry and the bytes object)
-_COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this
+COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this
 PIECE = OUTPUT_CHUNK  # large chunks are kept in pieces of at most one read
 
 
@@ -63,11 +63,11 @@ class Scrollback:
             return
         self.end[kind] += len(data)
         last = self._chunks[-1] if self._chunks else None
-        if (last is not None and last[0] is kind and len(last[1]) + len(data) <= _COALESCE
+        if (last is not None and last[0] is kind and len(last[1]) + len(data) <= COALESCE
                 and isinstance(last[1], bytearray)):
             last[1].extend(data)
             self._used += len(data)
-        elif len(data) < _COALESCE:
+        elif len(data) < COALESCE:
             self._chunks.append((kind, bytearray(data)))  # small: more may be joined to it
             self._used += len(data) + CHUNK_COST
         else:  # in pieces, so a trimmed head (a view) never holds much more than it counts

@@ -15,6 +15,7 @@ up, killed after a grace, reaped, and nothing more is sent.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -151,6 +152,7 @@ class ServerSession:
         self._kill_leftovers = kill_leftovers  # at a normal end (--leftovers kill)
         self._tree_settled = False  # what its process left running was killed or left
         self._settling = False  # a task kills what it left and waits for the end
+        self._redrawn_at = -math.inf  # when the program was last told to redraw
         self.released = False  # its process reaped and its descriptors closed
         self.over = False  # its end is all done (records written): the registry's to say
 
@@ -264,9 +266,12 @@ class ServerSession:
         """What puts a fresh terminal in the modes the output set; None when there is none."""
         return (self.modes.prologue() or None) if self.modes is not None else None
 
-    def redraw(self) -> None:
-        """A terminal attached afresh: SIGWINCH to the foreground program, which redraws."""
-        if self.final is None:
+    def redraw(self, unless_within: float = 0.0) -> None:
+        """A terminal attached afresh: SIGWINCH to the foreground program, which redraws
+        (not again within ``unless_within`` seconds of the last one)."""
+        now = time.monotonic()
+        if self.final is None and now - self._redrawn_at >= unless_within:
+            self._redrawn_at = now
             self.process.send_signal(signal.SIGWINCH)
 
     def control(self, message: Message) -> None:

@@ -42,7 +42,8 @@ let session = null; // the live one; keys and resizes go to it
 let held = null; // {id, stdout, stderr}: what this page shows of its session, for a resume
 const queued = []; // keys typed while no session takes them
 let queuedBytes = 0;
-let role = "writer"; // "observer" through an observer's grant: it only watches
+let role = grant ? "observer" : "writer"; // as `welcome` names it, for a grant: no key
+// is queued for a grant's page before it knows it may type
 let watching = 0; // observers of our session (its writer is told)
 window.ttyserve = { connection: null, session: null, queued }; // for embedders and tests
 
@@ -64,6 +65,12 @@ function show(state) {
 }
 
 const ENDED_BY = { revoked: "access revoked", expired: "access expired" };
+
+function refused(error, resolve) {
+  finish(`[refused: ${error.code}: ${error.message}]`, { session: "refused" });
+  show("refused");
+  resolve("refused");
+}
 
 function finish(line, attributes) {
   // The data attributes follow the line: once they are set, the line is in the terminal.
@@ -98,10 +105,7 @@ function connect(stored) {
       if (event.detail.retriable) {
         show(`${event.detail.code}: reconnecting`);
       } else if (!connection.welcome) { // refused at `hello`: an expired or revoked grant
-        finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
-          { session: "refused" });
-        show("refused");
-        resolve("refused");
+        refused(event.detail, resolve);
       } else {
         term.write(`\r\n[${event.detail.code}: ${event.detail.message}]\r\n`);
       }
@@ -125,7 +129,10 @@ function begin(connection, stored, resolve) {
     if (current.id && !grant) sessionStorage.setItem(STORED, current.id);
     body.dataset.session = "running";
     show("running");
-    while (queued.length) current.send(queued.shift()); // typed while there was none
+    while (queued.length) { // typed while there was none (never an observer's: dropped)
+      const bytes = queued.shift();
+      if (role === "writer") current.send(bytes);
+    }
     queuedBytes = 0;
   };
   current.addEventListener("opened", started);
@@ -149,7 +156,7 @@ function begin(connection, stored, resolve) {
   });
   current.addEventListener("exit", (event) => {
     const exit = event.detail;
-    sessionStorage.removeItem(STORED);
+    if (!grant) sessionStorage.removeItem(STORED);
     session = held = null;
     const attributes = { session: "ended", exitCode: String(exit.code) };
     if (exit.signal) attributes.signal = exit.signal;
@@ -161,15 +168,12 @@ function begin(connection, stored, resolve) {
   });
   current.addEventListener("refused", (event) => {
     if (stored && event.detail.code === "no_such_session") {
-      sessionStorage.removeItem(STORED);
+      if (!grant) sessionStorage.removeItem(STORED);
       resolve("gone");
     } else if (event.detail.retriable) {
       resolve("lost"); // busy, or a server going down: try again, as after a drop
     } else {
-      finish(`[refused: ${event.detail.code}: ${event.detail.message}]`,
-        { session: "refused" });
-      show("refused");
-      resolve("refused");
+      refused(event.detail, resolve);
     }
     connection.close();
   });

@@ -254,7 +254,8 @@ export class Session extends EventTarget {
 
   /** Bytes for the process's stdin, or keys for its terminal. */
   send(bytes) {
-    if (this.ended || bytes.length === 0) return;
+    // (An observer's input would reach nothing: it is not sent.)
+    if (this.ended || bytes.length === 0 || this.role === "observer") return;
     this._pending.push(bytes);
     this._flush();
   }
@@ -271,7 +272,12 @@ export class Session extends EventTarget {
     this._controlIn({ type: "eof" });
   }
 
+  /** End the session; an observer cannot, so it detaches ("detached" follows). */
   cancel() {
+    if (this.role === "observer") {
+      this.detach();
+      return;
+    }
     this._controlIn({ type: "cancel" });
     this._end();
   }
