@@ -673,10 +673,10 @@ class TtyserveUnobservedSystem(TtyserveObservedSystem):
 
 
 class TtyserveStalledSystem(TtyserveObservedSystem):
-    """One observer that never reads: it must cost the writer nothing (skipped forward)."""
+    """Ten observers that never read once attached: they must cost the writer nothing (they
+    are skipped forward, never waited for)."""
 
     name = "ttyserve-stalled"
-    observers = 1
     stall = True
 
 

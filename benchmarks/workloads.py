@@ -511,7 +511,7 @@ def measure_observed(system: System, ctx: Context) -> dict[str, float]:
 WORKLOADS.append(Workload(
     "observers", "Observers' cost (section 11): a detachable session's pipe output and echo, "
                  "as its writer sees them, with no observer (unobserved), 10 reading "
-                 "everything in another process (observed), and one that never reads "
+                 "everything in another process (observed), and 10 that never read "
                  "(stalled)",
     [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB"),
      Metric("p50_us", "echo p50 us"), Metric("p99_us", "echo p99 us")],

@@ -39,7 +39,7 @@ def test_a_stalled_observer_is_skipped_with_exact_offsets_on_both_streams() -> N
         total[FrameKind.STDOUT] += 1024
         session.deliver(FrameKind.STDERR, b"e" * 512)
         total[FrameKind.STDERR] += 512
-    assert observer.backlog and sum(len(d) for _, d in observer.backlog) <= RING
+    assert not observer.backlog  # a scrollback behind: parked, the ring is its source
     _window(wire, watcher_channel, 1 << 20)
     observer.resume()
     skipped = 0
@@ -101,16 +101,18 @@ def test_an_observer_with_credit_gets_a_chunk_larger_than_the_scrollback_whole()
 
 def test_a_stalled_observers_backlog_of_tiny_writes_stays_within_a_scrollback() -> None:
     """A flood of one-byte writes to an observer that never reads: the backlog is counted as
-    the ring counts (a cost per chunk) and small writes are joined, so it holds about a
-    scrollback of memory, not one object per byte."""
+    the ring counts (a cost per chunk), so it is parked once a scrollback behind, holding
+    nothing of its own, not one object per byte; then it gets what the ring holds."""
     session, _ = make_session(pty=False)
     wire = Wire(window=1)
     channel = wire.open_channel(pty=False)
     observer = Observer.attach(wire, channel, session)
-    for _ in range(100_000):
+    for _ in range(2000):  # within a scrollback: kept, joined into one chunk
         session.deliver(FrameKind.STDOUT, b".")
-    held = sum(len(data) for _, data in observer.backlog)
-    assert held <= RING and len(observer.backlog) <= 2  # joined, within the bound
+    assert len(observer.backlog) == 1 and len(observer.backlog[0][1]) == 1999  # (1 was sent)
+    for _ in range(98_000):
+        session.deliver(FrameKind.STDOUT, b".")
+    assert not observer.backlog  # parked: nothing of its own
     _window(wire, channel, 1 << 20)
     observer.resume()
     frames = wire.frames()

@@ -3,12 +3,14 @@
 An observer gets what a writer gets (the replay from its offsets, live output, the
 exit), but its output waits here, in a backlog of its own, never in front of the
 process: the session hands every chunk to each observer and goes on. The backlog goes
-out as fast as the observer's credit and its connection take it; what is more than a
-scrollback behind is dropped from its head, and the observer is told with `skipped`
-(how many bytes, and the offsets its streams go on at) before the next output frame.
-The backlog is bounded as the ring is: each chunk counts CHUNK_COST beyond its bytes, and
-small chunks of one stream are joined, so a flood of one-byte writes costs no more than a
-scrollback; large chunks are shared with the ring and the other observers, not copied.
+out as fast as the observer's credit and its connection take it. It is bounded as the
+ring is (each chunk counts CHUNK_COST beyond its bytes, small chunks of one stream are
+joined); an observer that falls more than that behind is parked: its backlog is let go,
+the session no longer hands it anything, and the session's ring, which holds at least
+what the backlog could, is its source from then on. When it can take output again it
+goes on from the ring at its offsets, told with `skipped` (how many bytes it will never
+get, and the offsets its streams go on at) what the ring no longer held. So an observer
+that stops reading costs nothing per chunk and holds no memory of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 class Observer(SessionChannel):
     """One channel watching ``session``."""
 
-    __slots__ = ("_exit", "_held", "_next", "_skipped", "backlog", "limit_bytes")
+    __slots__ = ("_exit", "_held", "_next", "_parked", "_skipped", "backlog", "limit_bytes")
     role = OBSERVER
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
@@ -41,6 +43,7 @@ class Observer(SessionChannel):
         self._held = 0  # what the backlog holds, counted as the ring counts (CHUNK_COST)
         self._next = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}  # each stream's next offset
         self._skipped = 0  # dropped and not told yet
+        self._parked = False  # fell a scrollback behind: the ring holds what it has not had
         self._exit: Exit | None = None  # to send once the backlog is out
 
     @classmethod
@@ -74,13 +77,15 @@ class Observer(SessionChannel):
 
     def output(self, kind: FrameKind, data: bytes) -> None:
         """The session produced ``data``: behind the backlog, which goes on as far as it may;
-        of what is left, a scrollback's worth at most waits, the oldest skipped."""
-        if self.released:
-            return
+        if what is left is more than a scrollback, the observer is parked."""
+        if self.released or self._parked:
+            return  # (parked: the ring keeps it)
         self._add(kind, data)
         self.resume()
         if self._held > self.limit_bytes:
-            self._skip()
+            self.backlog.clear()
+            self._held = 0
+            self._parked = True
 
     def _add(self, kind: FrameKind, data: bytes) -> None:
         backlog = self.backlog
@@ -121,10 +126,15 @@ class Observer(SessionChannel):
     # --- the connection's side ------------------------------------------------------
 
     def resume(self) -> None:
-        """Send what the channel's credit and the connection's send queue take now."""
+        """Send what the channel's credit and the connection's send queue take now (a parked
+        observer first takes what it has not had from the ring)."""
         if self.released:
             return
         host, channel, backlog = self.host, self.channel, self.backlog
+        if self._parked:
+            if not host.output_limit(channel):
+                return
+            self._unpark()
         while backlog:
             limit = host.output_limit(channel)
             if not limit:
@@ -142,23 +152,18 @@ class Observer(SessionChannel):
                 self._tell_skipped()
             self._end(self._exit)
 
-    def _skip(self) -> None:
-        """Drop the backlog's oldest output until it is within its bound (as the ring
-        trims: whole chunks, then part of one, a view)."""
-        backlog = self.backlog
-        while self._held > self.limit_bytes and backlog:
-            kind, data = backlog[0]
-            excess = self._held - self.limit_bytes
-            if excess >= len(data):
-                backlog.popleft()
-                dropped = len(data)
-                self._held -= dropped + CHUNK_COST
-            else:
-                backlog[0] = (kind, memoryview(data)[excess:])
-                dropped = excess
-                self._held -= dropped
-            self._next[kind] += dropped
-            self._skipped += dropped
+    def _unpark(self) -> None:
+        """Go on from the ring at this observer's offsets: what it no longer holds is
+        skipped."""
+        ring = self.session.ring
+        assert ring is not None
+        begins, chunks = ring.since(self._next[FrameKind.STDOUT], self._next[FrameKind.STDERR])
+        for kind, offset in begins.items():
+            self._skipped += offset - self._next[kind]
+        self._next = dict(begins)
+        for kind, data in chunks:
+            self._add(kind, data)
+        self._parked = False
 
     def _tell_skipped(self) -> None:
         self.host.send_skipped(self.channel, self._skipped, Offsets(
