@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -469,3 +470,17 @@ async def test_a_steal_and_a_revoked_writer_grant_are_journaled_and_release_noth
     records = read_file(str(short_dir / "j.jsonl")).records
     stolen = [r for r in records if isinstance(r, SessionDetach) and r.reason == "stolen"]
     assert [(r.id, r.role) for r in stolen] == [(session.id, "writer")]
+
+
+async def test_a_graceful_shutdown_ends_observers_with_the_sessions_exit(
+        server: ServerProcess, unix: str) -> None:
+    """SIGTERM with a writer and observers attached: the session is hung up, every channel
+    gets the exit (a SIGHUP death), and the server exits 0 (an observer never keeps it)."""
+    async with connect(unix, multiplex=True) as owner, connect(unix, multiplex=True) as other:
+        session = await owner.spawn(CAT, pty=False, detachable=True)
+        watchers = [await other.attach(session.id or "", role="observer") for _ in range(2)]
+        server.proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            codes = [(await s.wait()).signal for s in (session, *watchers)]
+        assert codes == ["HUP", "HUP", "HUP"]
+    assert server.wait() == 0

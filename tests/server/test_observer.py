@@ -119,3 +119,31 @@ def test_a_stalled_observers_backlog_of_tiny_writes_stays_within_a_scrollback() 
     (skipped,) = [c for c in controls(frames, channel) if c["type"] == "skipped"]
     sent = sum(len(f.payload) for f in frames if f.kind is FrameKind.STDOUT)
     assert sent + int(skipped["bytes"]) == 100_000  # type: ignore[call-overload]
+
+
+def test_a_parked_observer_gets_the_ring_then_skipped_then_the_exit() -> None:
+    session, process = make_session(pty=False)
+    stdout, stderr = session.start_output()
+    wire = Wire(window=1)
+    channel = wire.open_channel(pty=False)
+    observer = Observer.attach(wire, channel, session)
+    process.stdout.write(bytes(range(256)) * 64)  # 16 KiB: four scrollbacks
+    while stdout.step() is Stall.READABLE and process.stdout.buffered:
+        pass
+    process.stdout.close()
+    assert process.stderr is not None
+    process.stderr.close()
+    assert stdout.step() is Stall.DONE and stderr.step() is Stall.DONE
+    session.reaped(Exit(code=0))
+    assert not observer.backlog and not wire.ended  # parked, its exit waits for it
+    _window(wire, channel, 1 << 20)
+    observer.resume()
+    frames = [f for f in wire.frames() if f.channel == channel]
+    messages = controls(frames, channel)
+    assert [m["type"] for m in messages] == ["attached", "skipped", "exit"]
+    data = b"".join(f.payload for f in frames if f.kind is FrameKind.STDOUT)
+    skipped = int(messages[1]["bytes"])  # type: ignore[call-overload]
+    assert messages[1]["offsets"] == {"stdout": 1 + skipped}  # after the first byte sent
+    assert len(data) + skipped == 256 * 64 and data[1:] == (bytes(range(256)) * 64)[
+        1 + skipped:]  # the newest output, whole, in order
+    assert len(data) - 1 <= RING and wire.ended == [observer]
