@@ -469,19 +469,28 @@ class TtyserveLibSystem(TtyserveSystem):
 
         async def main() -> list[float]:
             async with self._connect(transport) as conn:
-                session = await conn.spawn(argv, pty=True, **self.spawn_options)
+                session = await conn.spawn(argv, pty=True, **self.echo_options)
                 seen = b""
                 while ECHO_MARKER not in seen:
                     chunk = await session.receive()
                     if chunk is None:
                         raise RuntimeError("the echo command exited")
                     seen += chunk.data
-                latencies = await _library_echo(session, b"x", rounds)
+                with self._watched(session.id, transport):
+                    latencies = await _library_echo(session, b"x", rounds)
                 await session.cancel()
             return latencies
 
         result: list[float] = anyio.run(main, backend="asyncio")
         return result
+
+    @property
+    def echo_options(self) -> dict[str, Any]:
+        return self.spawn_options
+
+    def _watched(self, session_id: str | None, transport: str) -> Any:
+        """What watches the echo (the observers' systems): nothing here."""
+        return contextlib.nullcontext()
 
     def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
         import anyio
@@ -646,25 +655,9 @@ class TtyserveObservedSystem(TtyserveLibSystem):
         result: Transfer = anyio.run(main, backend="asyncio")
         return result
 
-    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
-        import anyio
-
-        async def main() -> list[float]:
-            async with self._connect(transport, multiplex=True) as conn:
-                session = await conn.spawn(argv, pty=True, detachable=True)
-                seen = b""
-                while ECHO_MARKER not in seen:
-                    chunk = await session.receive()
-                    if chunk is None:
-                        raise RuntimeError("the echo command exited")
-                    seen += chunk.data
-                with self._watched(session.id, transport):
-                    latencies = await _library_echo(session, b"x", rounds)
-                await session.cancel()
-            return latencies
-
-        result: list[float] = anyio.run(main, backend="asyncio")
-        return result
+    @property
+    def echo_options(self) -> dict[str, Any]:
+        return {"detachable": True}
 
 
 class TtyserveUnobservedSystem(TtyserveObservedSystem):
