@@ -128,8 +128,8 @@ def test_a_parked_observer_gets_the_ring_then_skipped_then_the_exit() -> None:
     channel = wire.open_channel(pty=False)
     observer = Observer.attach(wire, channel, session)
     process.stdout.write(bytes(range(256)) * 64)  # 16 KiB: four scrollbacks
-    while stdout.step() is Stall.READABLE and process.stdout.buffered:
-        pass
+    while process.stdout.buffered:  # no writer: the pump reads all, never held by the observer
+        assert stdout.step() is Stall.READABLE
     process.stdout.close()
     assert process.stderr is not None
     process.stderr.close()

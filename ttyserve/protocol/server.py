@@ -107,7 +107,7 @@ class DetachRequested(msgspec.Struct, frozen=True):
 
 
 class ListRequested(msgspec.Struct, frozen=True):
-    """`list` on channel 0: answer `send_sessions`."""
+    """`list` on channel 0: `answer` it with `sessions`."""
 
 
 class StdinReceived(msgspec.Struct, frozen=True):
@@ -135,13 +135,13 @@ class ReleaseRequested(msgspec.Struct, frozen=True):
 
 
 class ShareRequested(msgspec.Struct, frozen=True):
-    """`share` on channel 0: answer `send_shared`, or `refuse_request`."""
+    """`share` on channel 0: `answer` it with `shared`, or `refuse_request`."""
 
     request: Share
 
 
 class UnshareRequested(msgspec.Struct, frozen=True):
-    """`unshare` on channel 0: answer `send_unshared`, or `refuse_request`."""
+    """`unshare` on channel 0: `answer` it with `unshared`, or `refuse_request`."""
 
     request: Unshare
 
@@ -514,18 +514,8 @@ class ServerConnection:
         self._channel_ended(channel)
         return True
 
-    def send_sessions(self, listing: Sessions) -> None:
-        """Answer `list` on channel 0."""
-        if self.stage is not Stage.CLOSING:
-            self._frame_control(0, listing)
-
-    def send_shared(self, answer: Shared) -> None:
-        """Answer `share` on channel 0."""
-        if self.stage is not Stage.CLOSING:
-            self._frame_control(0, answer)
-
-    def send_unshared(self, answer: Unshared) -> None:
-        """Answer `unshare` on channel 0."""
+    def answer(self, answer: Sessions | Shared | Unshared) -> None:
+        """Answer `list`, `share` or `unshare` on channel 0 (answers keep request order)."""
         if self.stage is not Stage.CLOSING:
             self._frame_control(0, answer)
 

@@ -412,7 +412,7 @@ class ConnectionHandler:
             if self.grant is None or self.registry.grants.live(self.grant):
                 self.registry.release(event.session, self.principal)
         elif isinstance(event, ListRequested):
-            self.core.send_sessions(Sessions(sessions=self.registry.listing(self.principal)))
+            self.core.answer(Sessions(sessions=self.registry.listing(self.principal)))
         elif isinstance(event, ShareRequested):
             self._share(event)
         elif isinstance(event, UnshareRequested):
@@ -551,7 +551,7 @@ class ConnectionHandler:
         except RequestError as exc:
             self.core.refuse_request(exc)
             return
-        self.core.send_shared(Shared(session=grant.session, grant=secret, role=grant.role,
+        self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
                                      expires=grant.expires_at, id=grant.id))
 
     def _unshare(self, event: UnshareRequested) -> None:
@@ -561,7 +561,7 @@ class ConnectionHandler:
         except RequestError as exc:
             self.core.refuse_request(exc)
             return
-        self.core.send_unshared(Unshared(id=grant.id, channels=channels))
+        self.core.answer(Unshared(id=grant.id, channels=channels))
 
     def _detach(self, channel: int) -> None:
         attachment = self.attachments.get(channel)

@@ -25,6 +25,7 @@ import msgspec
 from ..backends.cgroups import SERVER_LEAF, kill_tree, populated, remove_tree, server_gone
 from ..backends.groups import group_alive, process_start_time, signal_group
 from ..lines import write_all
+from ..protocol.messages import REVOKED, WRITER
 from .lease import acquire
 
 log = logging.getLogger("ttyserve")
@@ -82,7 +83,7 @@ class SessionDetach(Record, tag="session.detach", kw_only=True):
     on without a client), or an observer's."""
 
     peer: str
-    role: str = "writer"  # section 11
+    role: str = WRITER  # section 11
     grant: str | None = None  # the public id of the grant it was attached through
     reason: str | None = None  # `detached`'s: stolen, revoked, expired
 
@@ -91,7 +92,7 @@ class SessionAttach(Record, tag="session.attach", kw_only=True):
     """A client attached to a detachable session, as writer or observer (section 11)."""
 
     peer: str
-    role: str = "writer"
+    role: str = WRITER
     grant: str | None = None  # the public id of the grant it came with: never the grant
 
 
@@ -109,7 +110,7 @@ class SessionUnshare(Record, tag="session.unshare", kw_only=True):
 
     peer: str | None = None  # who revoked it (none when it expired)
     grant: str
-    reason: str = "revoked"  # or "expired"
+    reason: str = REVOKED  # or EXPIRED
     channels: int = 0  # the channels attached through it, detached
 
 
