@@ -103,6 +103,10 @@ class SessionChannel:
     def peer(self) -> str:
         return str(self.host.peer)
 
+    def leave(self) -> None:
+        """Its connection has gone: nothing more is sent on the channel."""
+        self.released = True
+
 
 class Attachment(SessionChannel):
     """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""

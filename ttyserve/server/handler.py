@@ -404,7 +404,7 @@ class ConnectionHandler:
         elif isinstance(event, CancelRequested):  # the core has ended the channel
             attachment = self.attachments.pop(event.channel, None)
             if attachment is not None:
-                attachment.released = True
+                attachment.leave()
                 attachment.session.cancel()
         elif isinstance(event, DetachRequested):
             self._detach(event.channel)
@@ -552,7 +552,7 @@ class ConnectionHandler:
             self.core.refuse_request(exc)
             return
         self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
-                                     expires=grant.expires_at, id=grant.id))
+                                expires=grant.expires_at, id=grant.id))
 
     def _unshare(self, event: UnshareRequested) -> None:
         try:
@@ -579,10 +579,7 @@ class ConnectionHandler:
         """This connection lets go of a session: a detachable one goes on, detached; any other
         is cancelled (the client has gone, as `cancel` does)."""
         self.attachments.pop(attachment.channel, None)
-        if isinstance(attachment, Observer):
-            attachment.leave()
-        else:
-            attachment.released = True
+        attachment.leave()
         if attachment.session.detachable:
             self._let_go(attachment)
         else:

@@ -112,9 +112,9 @@ class Observer(SessionChannel):
         self._end(reason)
 
     def leave(self) -> None:
-        """Its connection has gone: nothing more is sent."""
+        """Its connection has gone (or its channel ended): the session lets go of it."""
         if not self.released:
-            self.released = True
+            super().leave()
             self.session.remove_observer(self)
 
     def _end(self, last: Exit | str | None) -> None:
