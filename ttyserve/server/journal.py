@@ -25,7 +25,7 @@ import msgspec
 from ..backends.cgroups import SERVER_LEAF, kill_tree, populated, remove_tree, server_gone
 from ..backends.groups import group_alive, process_start_time, signal_group
 from ..lines import write_all
-from ..protocol.messages import REVOKED, WRITER
+from ..protocol.messages import WRITER
 from .lease import acquire
 
 log = logging.getLogger("ttyserve")
@@ -110,7 +110,7 @@ class SessionUnshare(Record, tag="session.unshare", kw_only=True):
 
     peer: str | None = None  # who revoked it (none when it expired)
     grant: str
-    reason: str = REVOKED  # or EXPIRED
+    reason: str  # REVOKED or EXPIRED
     channels: int = 0  # the channels attached through it, detached
 
 
