@@ -78,6 +78,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,7 +92,7 @@ FD_HEADROOM = 64  # the client's own descriptors besides its targets
 MIB = 1024  # KiB in a MiB
 FAR_SIDE_MIB = 20  # private memory of one `serve --stdio` far side (17.7 MiB anon measured)
 TOOLS = ("ttyserve", "pdsh")
-TARGET = re.compile(rb"^(?:via:env SIM=)?(host\d+): ")
+TARGET = re.compile(rb"^(?:via:env SIM=|via:ssh -F \S+ )?(host\d+): ")
 
 
 def say(message: str) -> None:
@@ -202,7 +203,8 @@ def zombie_cpu(pid: int) -> tuple[float, float]:
     return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
 
 
-def measure(argv: list[str], stdout: Path, stderr: Path, timeout: float) -> Run:
+def measure(argv: list[str], stdout: Path, stderr: Path, timeout: float,
+            env: dict[str, str] | None = None) -> Run:
     """Run ``argv`` (stdin /dev/null, output to files) in its own process group; sample it
     until it exits; read its CPU while it is a zombie, then reap it."""
     actions = [
@@ -214,7 +216,8 @@ def measure(argv: list[str], stdout: Path, stderr: Path, timeout: float) -> Run:
     ended_at: list[float] = []
 
     began = time.monotonic()
-    pid = os.posix_spawnp(argv[0], argv, dict(os.environ), file_actions=actions, setpgroup=0)
+    pid = os.posix_spawnp(argv[0], argv, dict(os.environ) if env is None else env,
+                          file_actions=actions, setpgroup=0)
 
     def wait_for_exit() -> None:  # leaves the zombie in place (WNOWAIT) for zombie_cpu
         with contextlib.suppress(ChildProcessError):
@@ -258,11 +261,24 @@ class Setup:
     ttyserve: str
     pdsh: str | None
     expected: list[bytes]  # the lines the command prints locally, per target
+    ssh_config: Path | None = None  # over a loopback sshd: the client configuration
     hosts_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.hosts_file = self.workdir / "hosts"
-        self.hosts_file.write_text("".join(f"via:env SIM={host}\n" for host in self.hosts()))
+        self.hosts_file.write_text("".join(f"{self.address(host)}\n" for host in self.hosts()))
+
+    def address(self, host: str) -> str:
+        """ttyserve's address of ``host``: a simulated far side, or ssh to the loopback sshd."""
+        if self.ssh_config is None:
+            return f"via:env SIM={host}"
+        return f"via:ssh -F {self.ssh_config} {host}"
+
+    def environment(self) -> dict[str, str]:
+        """pdsh's ssh module takes the same client configuration as ttyserve's carriers."""
+        if self.ssh_config is None:
+            return dict(os.environ)
+        return {**os.environ, "PDSH_SSH_ARGS": f"-F {self.ssh_config} %h"}
 
     def width(self) -> int:
         return len(str(self.targets)) if self.targets >= 1000 else 3
@@ -277,7 +293,8 @@ class Setup:
                     "--", *self.command]
         assert self.pdsh is not None
         last = f"{self.targets:0{self.width()}d}"
-        return [self.pdsh, "-S", "-R", "exec", "-f", str(self.parallel),
+        module = "exec" if self.ssh_config is None else "ssh"
+        return [self.pdsh, "-S", "-R", module, "-f", str(self.parallel),
                 "-w", f"host[{1:0{self.width()}d}-{last}]", *self.command]
 
 
@@ -307,13 +324,13 @@ def check(setup: Setup, tool: str, run: Run, stdout: Path, stderr: Path) -> None
                         + (f"; unexpected e.g. {extra[0]!r}" if extra else ""))
     errors = stderr.read_bytes().splitlines()
     if tool == "ttyserve":
-        ours = [line for line in errors if line.startswith(b"ttyserve: via:env SIM=")]
+        ours = [line for line in errors if line.startswith(b"ttyserve: via:")]
         good = sum(line.endswith(b": exit 0") for line in ours)
         if good != setup.targets:
             problems.append(f"{good} of {setup.targets} summary lines say `exit 0`"
                             + (f", e.g. {bad[0]!r}" if (bad := [line for line in ours
                                if not line.endswith(b": exit 0")]) else ""))
-        others = [line for line in errors if not line.startswith(b"ttyserve: via:env SIM=")]
+        others = [line for line in errors if not line.startswith(b"ttyserve: via:")]
     else:
         others = errors
     if others:
@@ -437,20 +454,39 @@ def local_output(command: list[str]) -> list[bytes]:
     return lines
 
 
+@contextlib.contextmanager
+def loopback_sshd(directory: Path) -> Iterator[Path]:
+    """A real sshd on 127.0.0.1 for the run; yields the client configuration reaching it."""
+    from .peers import OpenSSHSystem
+
+    sshd = OpenSSHSystem(str(directory))
+    if (reason := sshd.unavailable()) is not None:
+        raise BenchmarkFailed(reason)
+    sshd.start()
+    try:
+        yield sshd.client_config
+    finally:
+        sshd.stop()
+
+
 def run_once(tool: str, targets: int, parallel: int, workdir: str,
-             command: str = "uname -n") -> float:
-    """One checked run of ``tool`` over ``targets`` simulated hosts, for `make bench`:
-    its wall time in seconds. Raises BenchmarkFailed, keeping nothing."""
+             command: str = "uname -n", over: str = "local") -> float:
+    """One checked run of ``tool`` over ``targets`` hosts, for `make bench`: simulated
+    (``over="local"``) or reached through a loopback sshd (``over="ssh"``, which is started
+    before and stopped after the timed run). Its wall time in seconds. Raises
+    BenchmarkFailed, keeping nothing."""
     argv = shlex.split(command)
     directory = Path(tempfile.mkdtemp(prefix="fanout-", dir=workdir))
     try:
         ttyserve = ttyserve_script() or shutil.which("ttyserve")
         if ttyserve is None:
             raise BenchmarkFailed("no ttyserve next to this Python or on PATH")
-        setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
-                      local_output(argv))
-        stdout, stderr = directory / "out", directory / "err"
-        run = measure(setup.argv(tool), stdout, stderr, 60.0 + targets)
+        with contextlib.ExitStack() as stack:
+            config = stack.enter_context(loopback_sshd(directory)) if over == "ssh" else None
+            setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
+                          local_output(argv), config)
+            stdout, stderr = directory / "out", directory / "err"
+            run = measure(setup.argv(tool), stdout, stderr, 60.0 + targets, setup.environment())
         check(setup, tool, run, stdout, stderr)
         return run.wall
     finally:
@@ -516,6 +552,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run on every target, split as a shell splits words; no shell "
                              "runs it, and pdsh's exec module splits it again on spaces, so "
                              "keep it free of quoting (default 'uname -n')")
+    parser.add_argument("--over", choices=("local", "ssh"), default="local",
+                        help="local: simulated far sides (default); ssh: every target is an "
+                             "alias of a loopback sshd this run starts, for both tools "
+                             "(ttyserve: `via:ssh -F CONFIG hostNNN`; pdsh: -R ssh with "
+                             "PDSH_SSH_ARGS='-F CONFIG %%h')")
     parser.add_argument("--ttyserve", metavar="PATH",
                         help="the ttyserve to run, as the client and as the far side "
                              "(default: the one next to this Python)")
@@ -549,9 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ttyserve-fanout-"))
     keep = False
     results: dict[str, dict[str, list[float]]] = {}
+    stack = contextlib.ExitStack()
     try:
+        config = stack.enter_context(loopback_sshd(workdir)) if args.over == "ssh" else None
         setup = Setup(workdir, args.targets, args.parallel, command, ttyserve, pdsh,
-                      local_output(command))
+                      local_output(command), config)
         tools = [tool for tool in TOOLS if tool != "pdsh" or pdsh]
         if pdsh is None:
             say("pdsh is not installed (apt-get install pdsh): measuring ttyserve alone")
@@ -563,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
             for tool in tools:
                 stdout = workdir / f"{tool}-{round_}.out"
                 stderr = workdir / f"{tool}-{round_}.err"
-                run = measure(setup.argv(tool), stdout, stderr, args.timeout)
+                run = measure(setup.argv(tool), stdout, stderr, args.timeout,
+                              setup.environment())
                 check(setup, tool, run, stdout, stderr)
                 values = run.metrics(args.targets)
                 store = results.setdefault(tool, {})
@@ -584,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"(the runs' files are kept in {workdir})")
         return 1
     finally:
+        stack.close()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
 

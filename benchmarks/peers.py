@@ -33,6 +33,7 @@ from .systems import (
     System,
     Transfer,
     now,
+    timed_subprocess,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -267,7 +268,21 @@ class OpenSSHSystem(System):
             "StrictModes no", "PermitRootLogin yes", "MaxStartups 2000", "MaxSessions 2000",
             "UseDNS no", "PrintMotd no", "PrintLastLog no", "LogLevel ERROR", "",
         ]))
+        # Every client (ssh, pdsh's ssh, ttyserve's carriers) takes its options from one file:
+        # any host name reaches this sshd, so fan-out can name many targets.
+        (directory / "ssh_config").write_text("\n".join([
+            "Host *", "  HostName 127.0.0.1", f"  Port {self.port}",
+            f"  User {getpass.getuser()}", f"  IdentityFile {directory / 'client_key'}",
+            "  IdentitiesOnly yes", "  StrictHostKeyChecking no",
+            "  UserKnownHostsFile /dev/null", "  BatchMode yes", "  LogLevel ERROR", "",
+        ]))
         return directory
+
+    @property
+    def client_config(self) -> Path:
+        """The ssh client configuration that reaches this sshd under any host name."""
+        assert self.dir is not None
+        return self.dir / "ssh_config"
 
     def start(self) -> None:
         self.dir = directory = self._setup()
@@ -316,12 +331,8 @@ class OpenSSHSystem(System):
         return pids
 
     def _ssh(self, argv: list[str], pty: bool) -> list[str]:
-        assert self.dir is not None
-        return ["ssh", "-F", "/dev/null", "-i", str(self.dir / "client_key"),
-                "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-                "-tt" if pty else "-T", f"{getpass.getuser()}@127.0.0.1", shlex.join(argv)]
+        return ["ssh", "-F", str(self.client_config), "-tt" if pty else "-T", "loopback",
+                shlex.join(argv)]
 
     def _popen(self, argv: list[str], pty: bool) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self._ssh(argv, pty), stdin=subprocess.PIPE,
@@ -398,6 +409,9 @@ class OpenSSHSystem(System):
 
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         return self._ssh(argv, pty=False)
+
+    def one_target(self, argv: list[str], config: Path) -> float:
+        return timed_subprocess(["ssh", "-F", str(config), "host001", shlex.join(argv)]).seconds
 
     def cpu_pids(self) -> list[int]:
         return []  # per-connection sshd processes are gone (and reaped) before we can read them

@@ -26,11 +26,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import procs
 from .procs import Usage
-from .server import TtyserveServer, serve_flags, stdio_server
+from .server import TtyserveServer, serve_flags, stdio_server, ttyserve_script
 from .wire import WireSession
 
 try:
@@ -165,8 +166,18 @@ class System:
         """Seconds from starting a client to its exit, running `true`."""
         return self.exec_stream(["true"], transport).seconds
 
-    def fanout(self, targets: int, parallel: int) -> float:
-        """Seconds to run one command on ``targets`` simulated hosts, ``parallel`` at once."""
+    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
+        """Seconds to run one command on ``targets`` hosts, ``parallel`` at once: simulated
+        (local) or through a loopback sshd (ssh)."""
+        raise NotApplicable
+
+    def stdio_start(self) -> float:
+        """Seconds from starting the far side (`serve --stdio`) to the `exit` of a `true` it
+        runs: what every carrier's session waits for."""
+        raise NotApplicable
+
+    def one_target(self, argv: list[str], config: Path) -> float:
+        """Seconds to run ``argv`` on one host through the sshd ``config`` reaches."""
         raise NotApplicable
 
     def scale_pipes(self, connections: int, per_connection: int, rounds: int,
@@ -287,6 +298,9 @@ class RawSystem(System):
     def startup(self, transport: str) -> float:
         return timed_subprocess([sys.executable, "-c", "pass"]).seconds  # the interpreter's floor
 
+    def stdio_start(self) -> float:
+        return self.startup("unix")
+
 
 # --- ttyserve ------------------------------------------------------------------
 
@@ -353,6 +367,29 @@ class TtyserveSystem(System):
                 latencies.append(now() - begin)
         return SessionRun(latencies, now() - start)
 
+    def stdio_start(self) -> float:
+        ours, theirs = socket.socketpair()
+        start = now()
+        with theirs:
+            child = stdio_server(theirs, self.server.workdir)
+        if child is None:
+            ours.close()
+            raise NotApplicable
+        try:
+            with WireSession(sock=ours) as session:
+                session.start(["true"], pty=False)
+                _until_exit(session, ["true"])
+                return now() - start
+        finally:
+            child.wait()
+
+    def one_target(self, argv: list[str], config: Path) -> float:
+        script = ttyserve_script()  # both the client and the far side's --remote-command
+        if script is None:
+            raise NotApplicable
+        return timed_subprocess([script, "exec", "--connect", f"via:ssh -F {config} host001",
+                                 "--remote-command", script, "--", *argv]).seconds
+
     def sessions_one_connection(self, argv: list[str], count: int, transport: str
                                 ) -> SessionRun:
         child: subprocess.Popen[bytes] | None = None
@@ -412,10 +449,10 @@ class TtyserveSystem(System):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         return self.server.exec_command(transport, argv)
 
-    def fanout(self, targets: int, parallel: int) -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
         from .fanout import run_once
 
-        return run_once("ttyserve", targets, parallel, self.server.workdir)
+        return run_once("ttyserve", targets, parallel, self.server.workdir, over=over)
 
 
 async def _library_echo(session: Any, data: bytes, rounds: int) -> list[float]:
@@ -518,7 +555,7 @@ class TtyserveLibSystem(TtyserveSystem):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         raise NotApplicable
 
-    def fanout(self, targets: int, parallel: int) -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
         raise NotApplicable
 
     def sessions_one_connection(self, argv: list[str], count: int, transport: str
@@ -818,7 +855,7 @@ class PdshSystem(System):
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
 
-    def fanout(self, targets: int, parallel: int) -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
         from .fanout import run_once
 
-        return run_once("pdsh", targets, parallel, self.workdir)
+        return run_once("pdsh", targets, parallel, self.workdir, over=over)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,17 +37,18 @@ class Sizes:
     scale_rounds: int
     exec_bytes: int
     fanout_targets: int
+    ssh_targets: int
     pipe_connections: int
     pipe_per_connection: int
 
 
 FULL = Sizes(pty_bytes=100_000_000, pipe_bytes=1 << 30, echo_rounds=2000, sessions=200,
              scale_sessions=1000, scale_rounds=500, exec_bytes=1 << 30,
-             fanout_targets=100, pipe_connections=40,
+             fanout_targets=100, ssh_targets=64, pipe_connections=40,
              pipe_per_connection=100)
 QUICK = Sizes(pty_bytes=8_000_000, pipe_bytes=64 << 20, echo_rounds=200, sessions=20,
               scale_sessions=50, scale_rounds=50, exec_bytes=64 << 20,
-              fanout_targets=8, pipe_connections=4,
+              fanout_targets=8, ssh_targets=8, pipe_connections=4,
               pipe_per_connection=10)
 
 
@@ -331,6 +333,25 @@ def measure_fanout(system: System, ctx: Context) -> dict[str, float]:
 FANOUT_PARALLEL = 32
 
 
+def measure_fanout_ssh(system: System, ctx: Context) -> dict[str, float]:
+    return {"wall_s": system.fanout(ctx.sizes.ssh_targets, FANOUT_PARALLEL, over="ssh")}
+
+
+def measure_one_target(system: System, ctx: Context) -> dict[str, float]:
+    """`true` on one host through a loopback sshd started for the repetition (not timed)."""
+    from .fanout import loopback_sshd
+
+    with tempfile.TemporaryDirectory(dir=ctx.workdir) as directory, \
+            loopback_sshd(Path(directory)) as config:
+        walls = sorted(system.one_target(["true"], config) for _ in range(STARTUP_RUNS))
+    return {"wall_ms": walls[len(walls) // 2] * 1e3}
+
+
+def measure_stdio_start(system: System, ctx: Context) -> dict[str, float]:
+    walls = sorted(system.stdio_start() for _ in range(STARTUP_RUNS))
+    return {"wall_ms": walls[len(walls) // 2] * 1e3}
+
+
 # --- 9. Reattach -----------------------------------------------------------------------
 
 RING = 1 << 20  # the default --scrollback
@@ -469,6 +490,25 @@ WORKLOADS = [
         [Metric("wall_s", "wall s")],
         [],
         ("ttyserve", "pdsh"), measure_fanout, reps=3),
+    Workload(
+        "fanout_ssh", f"Fan-out over real ssh: `uname -n` on N aliases of a loopback sshd, "
+                      f"{FANOUT_PARALLEL} at once, the same ssh options for both (ttyserve: "
+                      "`via:ssh -F CONFIG hostNNN`; pdsh: its ssh module)",
+        [Metric("wall_s", "wall s")],
+        [Target("wall_s", "<=", 1.2, "pdsh")],
+        ("ttyserve", "pdsh"), measure_fanout_ssh, reps=3),
+    Workload(
+        "one_target", "One target over real ssh: `true` through a loopback sshd (ttyserve: "
+                      "exec --connect via:ssh; openssh: ssh host true)",
+        [Metric("wall_ms", "ms, median of 7")],
+        [],
+        ("ttyserve", "openssh"), measure_one_target),
+    Workload(
+        "stdio_start", "The far side's start: `serve --stdio` on a socket pair, `hello` and "
+                       "`open true` sent at once, to its `exit` (raw: python -c pass)",
+        [Metric("wall_ms", "ms, median of 7")],
+        [Target("wall_ms", "<=", 2.5, "raw")],
+        ("raw", "ttyserve"), measure_stdio_start),
     Workload(
         "reattach", "Reattach: attach to a detached session with a full 1 MiB ring",
         [Metric("reattach_ms", "ms to the last replayed byte"),
