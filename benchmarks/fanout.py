@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .procs import CLK_TCK, raise_nofile_limit
-from .server import ttyserve_script
+from .server import far_side_environment, ttyserve_script, warm_far_side
 from .stats import Summary, cell, median, number, render_table
 
 SAMPLE_EVERY = 0.02  # seconds between /proc samples of the client
@@ -276,8 +276,8 @@ class Setup:
 
     def environment(self) -> dict[str, str]:
         """pdsh's ssh module takes the same client configuration as ttyserve's carriers."""
-        if self.ssh_config is None:
-            return dict(os.environ)
+        if self.ssh_config is None:  # (local far sides: never a warm one, as in round 2)
+            return {**os.environ, **far_side_environment(None)}
         return {**os.environ, "PDSH_SSH_ARGS": f"-F {self.ssh_config} %h"}
 
     def width(self) -> int:
@@ -455,26 +455,28 @@ def local_output(command: list[str]) -> list[bytes]:
 
 
 @contextlib.contextmanager
-def loopback_sshd(directory: Path) -> Iterator[Path]:
-    """A real sshd on 127.0.0.1 for the run; yields the client configuration reaching it."""
+def loopback_sshd(directory: Path, warm: bool = False) -> Iterator[Path]:
+    """A real sshd on 127.0.0.1 for the run; yields the client configuration reaching it.
+    Its logins' `serve --stdio` reach a warm far side started here first (``warm``, as on a
+    host where an earlier connection started one), or none."""
     from .peers import OpenSSHSystem
 
-    sshd = OpenSSHSystem(str(directory))
-    if (reason := sshd.unavailable()) is not None:
-        raise BenchmarkFailed(reason)
-    sshd.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        runtime = stack.enter_context(warm_far_side(str(directory))) if warm else None
+        sshd = OpenSSHSystem(str(directory), far_side_environment(runtime))
+        if (reason := sshd.unavailable()) is not None:
+            raise BenchmarkFailed(reason)
+        sshd.start()
+        stack.callback(sshd.stop)
         yield sshd.client_config
-    finally:
-        sshd.stop()
 
 
 def run_once(tool: str, targets: int, parallel: int, workdir: str,
-             command: str = "uname -n", over: str = "local") -> float:
+             command: str = "uname -n", over: str = "local", warm: bool = False) -> float:
     """One checked run of ``tool`` over ``targets`` hosts, for `make bench`: simulated
     (``over="local"``) or reached through a loopback sshd (``over="ssh"``, which is started
-    before and stopped after the timed run). Its wall time in seconds. Raises
-    BenchmarkFailed, keeping nothing."""
+    before and stopped after the timed run, with a warm far side if ``warm``). Its wall time
+    in seconds. Raises BenchmarkFailed, keeping nothing."""
     argv = shlex.split(command)
     directory = Path(tempfile.mkdtemp(prefix="fanout-", dir=workdir))
     try:
@@ -482,7 +484,8 @@ def run_once(tool: str, targets: int, parallel: int, workdir: str,
         if ttyserve is None:
             raise BenchmarkFailed("no ttyserve next to this Python or on PATH")
         with contextlib.ExitStack() as stack:
-            config = stack.enter_context(loopback_sshd(directory)) if over == "ssh" else None
+            config = (stack.enter_context(loopback_sshd(directory, warm)) if over == "ssh"
+                      else None)
             setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
                           local_output(argv), config)
             stdout, stderr = directory / "out", directory / "err"
@@ -557,6 +560,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "alias of a loopback sshd this run starts, for both tools "
                              "(ttyserve: `via:ssh -F CONFIG hostNNN`; pdsh: -R ssh with "
                              "PDSH_SSH_ARGS='-F CONFIG %%h')")
+    parser.add_argument("--warm", action="store_true",
+                        help="with --over ssh: a warm far side runs before the first target "
+                             "(as on hosts an earlier connection started one)")
     parser.add_argument("--ttyserve", metavar="PATH",
                         help="the ttyserve to run, as the client and as the far side "
                              "(default: the one next to this Python)")
@@ -592,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[float]]] = {}
     stack = contextlib.ExitStack()
     try:
-        config = stack.enter_context(loopback_sshd(workdir)) if args.over == "ssh" else None
+        config = (stack.enter_context(loopback_sshd(workdir, args.warm)) if args.over == "ssh"
+                  else None)
         setup = Setup(workdir, args.targets, args.parallel, command, ttyserve, pdsh,
                       local_output(command), config)
         tools = [tool for tool in TOOLS if tool != "pdsh" or pdsh]

@@ -238,8 +238,9 @@ class OpenSSHSystem(System):
     name = "openssh"
     transports = ("tcp",)
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, environment: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.environment = environment or {}  # set in every login's environment (SetEnv)
         self.dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -266,7 +267,9 @@ class OpenSSHSystem(System):
             f"PidFile {directory / 'sshd.pid'}",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
             "StrictModes no", "PermitRootLogin yes", "MaxStartups 2000", "MaxSessions 2000",
-            "UseDNS no", "PrintMotd no", "PrintLastLog no", "LogLevel ERROR", "",
+            "UseDNS no", "PrintMotd no", "PrintLastLog no", "LogLevel ERROR",
+            *([f"SetEnv {' '.join(f'{k}={v}' for k, v in self.environment.items())}"]
+              if self.environment else []), "",
         ]))
         # Every client (ssh, pdsh's ssh, ttyserve's carriers) takes its options from one file:
         # any host name reaches this sshd, so fan-out can name many targets.

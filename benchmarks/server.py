@@ -13,12 +13,14 @@ import functools
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT = 20.0
@@ -64,14 +66,46 @@ def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TTYSERVE_")}
 
 
-def stdio_server(sock: socket.socket, workdir: str) -> subprocess.Popen[bytes] | None:
+def far_side_environment(warm: str | None) -> dict[str, str]:
+    """What a far side (`serve --stdio`) runs with: reaching the warm server of the runtime
+    directory ``warm``, or, with None, none (so that no benchmark leaves one behind)."""
+    if warm is None:
+        return {"TTYSERVE_WARM": "0"}
+    return {"TTYSERVE_WARM": "1", "XDG_RUNTIME_DIR": warm}
+
+
+def stdio_server(sock: socket.socket, workdir: str, warm: str | None = None
+                 ) -> subprocess.Popen[bytes] | None:
     """`ttyserve serve --stdio` on ``sock`` (a socket pair's end, for both stdin and
-    stdout); None when the installed ttyserve has no `--stdio`."""
+    stdout), through the warm server of ``warm`` if given; None when the installed ttyserve
+    has no `--stdio`."""
     if "--stdio" not in serve_flags():
         return None
     return subprocess.Popen([*ttyserve_command(), "serve", "--stdio"], stdin=sock.fileno(),
                             stdout=sock.fileno(), stderr=subprocess.DEVNULL,
-                            env=_environment(), cwd=workdir)
+                            env={**_environment(), **far_side_environment(warm)}, cwd=workdir)
+
+
+@contextlib.contextmanager
+def warm_far_side(workdir: str) -> Iterator[str]:
+    """A warm far side (ttyserve/cli/warm.py) in a runtime directory of its own, as a host
+    has once a first `serve --stdio` started one; yields the directory. Ended after."""
+    runtime = tempfile.mkdtemp(prefix="rt-", dir=workdir)
+    process = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL,
+                               env={**_environment(), "XDG_RUNTIME_DIR": runtime})
+    try:
+        assert process.stdout is not None
+        if not process.stdout.readline().startswith(b"listening "):
+            raise RuntimeError("this ttyserve has no warm far side (ttyserve.cli.warm)")
+        yield runtime
+    finally:
+        process.terminate()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _tail(path: Path, lines: int = 8) -> str:

@@ -166,14 +166,16 @@ class System:
         """Seconds from starting a client to its exit, running `true`."""
         return self.exec_stream(["true"], transport).seconds
 
-    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
+               ) -> float:
         """Seconds to run one command on ``targets`` hosts, ``parallel`` at once: simulated
-        (local) or through a loopback sshd (ssh)."""
+        (local) or through a loopback sshd (ssh), whose far sides are warm if ``warm``."""
         raise NotApplicable
 
-    def stdio_start(self) -> float:
+    def stdio_start(self, warm: str | None = None) -> float:
         """Seconds from starting the far side (`serve --stdio`) to the `exit` of a `true` it
-        runs: what every carrier's session waits for."""
+        runs: what every carrier's session waits for; through the warm server of the runtime
+        directory ``warm`` if given."""
         raise NotApplicable
 
     def one_target(self, argv: list[str], config: Path) -> float:
@@ -298,7 +300,7 @@ class RawSystem(System):
     def startup(self, transport: str) -> float:
         return timed_subprocess([sys.executable, "-c", "pass"]).seconds  # the interpreter's floor
 
-    def stdio_start(self) -> float:
+    def stdio_start(self, warm: str | None = None) -> float:
         return self.startup("unix")
 
 
@@ -367,11 +369,11 @@ class TtyserveSystem(System):
                 latencies.append(now() - begin)
         return SessionRun(latencies, now() - start)
 
-    def stdio_start(self) -> float:
+    def stdio_start(self, warm: str | None = None) -> float:
         ours, theirs = socket.socketpair()
         start = now()
         with theirs:
-            child = stdio_server(theirs, self.server.workdir)
+            child = stdio_server(theirs, self.server.workdir, warm)
         if child is None:
             ours.close()
             raise NotApplicable
@@ -449,10 +451,12 @@ class TtyserveSystem(System):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         return self.server.exec_command(transport, argv)
 
-    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
+               ) -> float:
         from .fanout import run_once
 
-        return run_once("ttyserve", targets, parallel, self.server.workdir, over=over)
+        return run_once("ttyserve", targets, parallel, self.server.workdir, over=over,
+                        warm=warm)
 
 
 async def _library_echo(session: Any, data: bytes, rounds: int) -> list[float]:
@@ -555,7 +559,8 @@ class TtyserveLibSystem(TtyserveSystem):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         raise NotApplicable
 
-    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
+               ) -> float:
         raise NotApplicable
 
     def sessions_one_connection(self, argv: list[str], count: int, transport: str
@@ -855,7 +860,8 @@ class PdshSystem(System):
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
 
-    def fanout(self, targets: int, parallel: int, over: str = "local") -> float:
+    def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
+               ) -> float:
         from .fanout import run_once
 
         return run_once("pdsh", targets, parallel, self.workdir, over=over)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .procs import Usage, cpu_seconds, kill_group
+from .server import warm_far_side
 from .stats import Summary, number, percentile
 from .systems import NotApplicable, ScaleRun, System
 
@@ -334,22 +335,34 @@ FANOUT_PARALLEL = 32
 
 
 def measure_fanout_ssh(system: System, ctx: Context) -> dict[str, float]:
-    return {"wall_s": system.fanout(ctx.sizes.ssh_targets, FANOUT_PARALLEL, over="ssh")}
+    """With a warm far side on the (one, loopback) host, and with none."""
+    targets = ctx.sizes.ssh_targets
+    return {"wall_s": system.fanout(targets, FANOUT_PARALLEL, over="ssh", warm=True),
+            "cold_s": system.fanout(targets, FANOUT_PARALLEL, over="ssh")}
 
 
 def measure_one_target(system: System, ctx: Context) -> dict[str, float]:
-    """`true` on one host through a loopback sshd started for the repetition (not timed)."""
+    """`true` on one host through a loopback sshd started for the repetition (not timed),
+    with a warm far side there and with none."""
     from .fanout import loopback_sshd
 
-    with tempfile.TemporaryDirectory(dir=ctx.workdir) as directory, \
-            loopback_sshd(Path(directory)) as config:
-        walls = sorted(system.one_target(["true"], config) for _ in range(STARTUP_RUNS))
-    return {"wall_ms": walls[len(walls) // 2] * 1e3}
+    values: dict[str, float] = {}
+    for key, warm in (("wall_ms", True), ("cold_ms", False)):
+        with tempfile.TemporaryDirectory(dir=ctx.workdir) as directory, \
+                loopback_sshd(Path(directory), warm) as config:
+            walls = sorted(system.one_target(["true"], config) for _ in range(STARTUP_RUNS))
+        values[key] = walls[len(walls) // 2] * 1e3
+    return values
 
 
 def measure_stdio_start(system: System, ctx: Context) -> dict[str, float]:
-    walls = sorted(system.stdio_start() for _ in range(STARTUP_RUNS))
-    return {"wall_ms": walls[len(walls) // 2] * 1e3}
+    """With a warm far side running (as on a host a first connection started it), and with
+    none (TTYSERVE_WARM=0: every start imports everything)."""
+    cold = sorted(system.stdio_start() for _ in range(STARTUP_RUNS))
+    with warm_far_side(ctx.workdir) as runtime:
+        warm = sorted(system.stdio_start(runtime) for _ in range(STARTUP_RUNS))
+    middle = STARTUP_RUNS // 2
+    return {"wall_ms": warm[middle] * 1e3, "cold_ms": cold[middle] * 1e3}
 
 
 # --- 9. Reattach -----------------------------------------------------------------------
@@ -494,19 +507,22 @@ WORKLOADS = [
         "fanout_ssh", f"Fan-out over real ssh: `uname -n` on N aliases of a loopback sshd, "
                       f"{FANOUT_PARALLEL} at once, the same ssh options for both (ttyserve: "
                       "`via:ssh -F CONFIG hostNNN`; pdsh: its ssh module)",
-        [Metric("wall_s", "wall s")],
+        [Metric("wall_s", "wall s, a warm far side running"),
+         Metric("cold_s", "wall s, none (TTYSERVE_WARM=0)")],
         [Target("wall_s", "<=", 1.2, "pdsh")],
         ("ttyserve", "pdsh"), measure_fanout_ssh, reps=3),
     Workload(
         "one_target", "One target over real ssh: `true` through a loopback sshd (ttyserve: "
                       "exec --connect via:ssh; openssh: ssh host true)",
-        [Metric("wall_ms", "ms, median of 7")],
+        [Metric("wall_ms", "ms, median of 7, a warm far side running"),
+         Metric("cold_ms", "ms, median of 7, none (TTYSERVE_WARM=0)")],
         [],
         ("ttyserve", "openssh"), measure_one_target),
     Workload(
         "stdio_start", "The far side's start: `serve --stdio` on a socket pair, `hello` and "
                        "`open true` sent at once, to its `exit` (raw: python -c pass)",
-        [Metric("wall_ms", "ms, median of 7")],
+        [Metric("wall_ms", "ms, median of 7, a warm far side running"),
+         Metric("cold_ms", "ms, median of 7, none (TTYSERVE_WARM=0)")],
         [Target("wall_ms", "<=", 2.5, "raw")],
         ("raw", "ttyserve"), measure_stdio_start),
     Workload(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,6 +12,11 @@ import pytest
 from helpers import ServerProcess, start_server
 
 from ttyserve.backends.reaper import become_subreaper, reap_orphans
+
+# A `serve --stdio` started by a test would start a warm far side (cli/warm.py) in the real
+# runtime directory, to outlive the test: off, but where a test asks for it in a directory
+# of its own (tests/cli/test_warm.py, the stdio tests' warm runs, the ssh carriers).
+os.environ["TTYSERVE_WARM"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)

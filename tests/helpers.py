@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from ttyserve.protocol.messages import Hello, Message, encode_message, parse_obj
 from ttyserve.server.listener import Server
 from ttyserve.server.settings import ServerSettings
 from ttyserve.server.sockets import SocketLease, open_listeners
-from ttyserve.transport.streams import Transport, send_all
+from ttyserve.transport.streams import PipeTransport, Transport, send_all
 
 SH = "/bin/sh"
 
@@ -197,6 +198,44 @@ def ttyserve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "ttyserve", *args]
 
 
+class StdioServer:
+    def __init__(self, process: subprocess.Popen[bytes], peer: RawPeer) -> None:
+        self.process = process
+        self.peer = peer
+
+    async def exit_code(self, timeout: float = 10) -> int:
+        with anyio.fail_after(timeout):
+            return await anyio.to_thread.run_sync(self.process.wait)
+
+    def stderr(self) -> str:
+        assert self.process.stderr is not None
+        return self.process.stderr.read().decode()
+
+
+@contextlib.asynccontextmanager
+async def stdio_server(*args: str, env: dict[str, str] | None = None, **popen: Any,
+                       ) -> AsyncIterator[StdioServer]:
+    """`serve --stdio` as a child whose stdin and stdout are our transport (``popen``: more
+    of subprocess.Popen's arguments, such as cwd and umask)."""
+    to_server, from_us = os.pipe()
+    from_server, to_us = os.pipe()
+    process = subprocess.Popen(
+        ttyserve_command("serve", "--stdio", "--command", SH, *args), stdin=to_server,
+        stdout=to_us, stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, **popen)
+    os.close(to_server)
+    os.close(to_us)
+    transport = PipeTransport(from_server, from_us)
+    try:
+        yield StdioServer(process, RawPeer(transport))
+    finally:
+        await transport.aclose()
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
+
+
 def token_file(directory: Path, token: str) -> Path:
     """A token file as `serve` and `exec` take one: its owner's alone."""
     path = directory / "token"
@@ -340,3 +379,65 @@ def wait_for_line(proc: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, "no output in time"
     return proc.stdout.readline()
+
+
+def server_pid(path: Path) -> int | None:
+    """The pid of the server answering on ``path`` (SO_PEERCRED), if one does."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return None
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return pid
+
+
+def wait_until_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # (ours: we are the subreaper)
+                return True
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def stop_warm_servers(runtime: Path) -> int:
+    """End the warm far sides (cli/warm.py) serving in ``runtime``: those a test's `serve
+    --stdio` started are ours (we are their subreaper). How many there were."""
+    stopped = 0
+    for path in runtime.glob("ttyserve-warm-*.sock"):
+        pid = server_pid(path)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            assert wait_until_gone(pid), f"the warm server {pid} did not end"
+            stopped += 1
+    return stopped
+
+
+@contextlib.contextmanager
+def start_warm_server(directory: Path, monkeypatch: Any, idle: float = 120
+                      ) -> Iterator[subprocess.Popen[bytes]]:
+    """A warm far side (cli/warm.py) in a runtime directory of its own under ``directory``,
+    which the test's `serve --stdio` (TTYSERVE_WARM=1) reaches; stopped after the test."""
+    from ttyserve.cli.warm import warm_socket_path
+
+    runtime = directory / "rt"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TTYSERVE_WARM", "1")
+    path = warm_socket_path()
+    process = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, str(idle)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert wait_for_line(process) == f"listening {path}\n".encode()
+        yield process
+    finally:
+        process.terminate()
+        assert process.wait(10) == 0
+        assert process.stdout is not None
+        process.stdout.close()
+        assert not os.path.exists(path), "the warm server left its socket behind"

@@ -7,48 +7,59 @@ The client library's names load on first use, so that `ttyserve serve` (and the 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
-from .errors import (
-    AddressError,
-    CarrierError,
-    CarrierFailure,
-    ConfigError,
-    ConnectionLost,
-    ErrorCode,
-    LeaseError,
-    ListenError,
-    LocalProtocolError,
-    OutOfResources,
-    ProtocolError,
-    RemoteProtocolError,
-    RequestError,
-    SessionCancelled,
-    SessionDetached,
-    SpawnError,
-    TtyserveError,
-    UsageError,
-)
-from .protocol.messages import Exit
 from .version import __version__
 
+TYPE_CHECKING = False  # (typing's costs its import; mypy reads any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from .client import CompletedSession, Connection, OutputChunk, Session, connect, run
     from .client.fanout import TargetResult, fan_out, run_many
+    from .errors import (
+        AddressError,
+        CarrierError,
+        CarrierFailure,
+        ConfigError,
+        ConnectionLost,
+        ErrorCode,
+        LeaseError,
+        ListenError,
+        LocalProtocolError,
+        OutOfResources,
+        ProtocolError,
+        RemoteProtocolError,
+        RequestError,
+        SessionCancelled,
+        SessionDetached,
+        SpawnError,
+        TtyserveError,
+        UsageError,
+    )
+    from .protocol.messages import Exit
 
-ExitStatus = Exit
+    ExitStatus = Exit
+
+_ERRORS = ("AddressError", "CarrierError", "CarrierFailure", "ConfigError", "ConnectionLost",
+           "ErrorCode", "LeaseError", "ListenError", "LocalProtocolError", "OutOfResources",
+           "ProtocolError", "RemoteProtocolError", "RequestError", "SessionCancelled",
+           "SessionDetached", "SpawnError", "TtyserveError", "UsageError")
 _LAZY = {
-    "CompletedSession": "client", "Connection": "client", "OutputChunk": "client",
-    "Session": "client", "connect": "client", "run": "client",
-    "TargetResult": "client.fanout", "fan_out": "client.fanout", "run_many": "client.fanout",
+    **dict.fromkeys(_ERRORS, ("errors", None)),
+    "Exit": ("protocol.messages", None), "ExitStatus": ("protocol.messages", "Exit"),
+    **{name: ("client", None) for name in ("CompletedSession", "Connection", "OutputChunk",
+                                          "Session", "connect", "run")},
+    **{name: ("client.fanout", None) for name in ("TargetResult", "fan_out", "run_many")},
 }
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
+    """Every name but the version loads on first use: a carrier's far side (`serve --stdio`)
+    and `exec` start without the modules they do not need."""
+    found = _LAZY.get(name)
+    if found is None:
         raise AttributeError(f"module 'ttyserve' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    module, attribute = found
+    return getattr(importlib.import_module(f".{module}", __name__), attribute or name)
+
 
 __all__ = [
     "AddressError",

@@ -1,5 +1,5 @@
 """`python -m ttyserve` is the `ttyserve` command."""
 
-from .cli.main import main
+from .cli import main
 
 main()

@@ -9,6 +9,7 @@ import shlex
 import msgspec
 
 from .errors import AddressError
+from .runtime import runtime_path
 
 NETWORK_SCHEMES = ("tcp", "tls", "ws", "wss")  # HOST:PORT; "unix" takes a PATH
 CARRIER_SCHEMES = ("ssh", "via")  # a client runs a carrier; a server never listens on these
@@ -57,10 +58,7 @@ class Address(msgspec.Struct, frozen=True):
 
 def default_socket_path() -> str:
     """`$XDG_RUNTIME_DIR/ttyserve.sock`, else `/tmp/ttyserve-$UID/ttyserve.sock`."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "ttyserve.sock")
-    return f"/tmp/ttyserve-{os.getuid()}/ttyserve.sock"
+    return runtime_path("ttyserve.sock")
 
 
 def default_address() -> Address:

@@ -23,6 +23,7 @@ TCP_KEEPALIVE_INTERVAL = 10  # seconds between probes
 TCP_KEEPALIVE_COUNT = 6  # unanswered probes after which the kernel drops the connection
 DEFAULT_REMOTE_COMMAND = "ttyserve"  # what a carrier runs on the far side, with serve --stdio
 DEFAULT_PARALLEL = 32  # targets a fan-out runs on at once
+WARM_IDLE = 300.0  # seconds a warm far side (cli/warm.py) waits for a connection before it ends
 DEFAULT_STDIN_WINDOW = 1 << 20  # STDIN credit per channel on windowed connections (section 7)
 DEFAULT_MAX_ARGV_BYTES = 256 * 1024  # the largest argv an `open` may carry
 DEFAULT_MAX_ENV_BYTES = 256 * 1024  # the largest env an `open` may carry

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from helpers import stop_warm_servers
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
@@ -102,6 +103,8 @@ def sshd() -> Iterator[Sshd]:
         client_public = _keygen(directory / "client_ed25519")
         (directory / "authorized_keys").write_text(client_public + "\n")
         port = free_port()
+        runtime = directory / "rt"
+        runtime.mkdir(mode=0o700)
         config = directory / "sshd_config"
         config.write_text("\n".join([
             "ListenAddress 127.0.0.1",
@@ -119,6 +122,8 @@ def sshd() -> Iterator[Sshd]:
             "X11Forwarding no",
             "PrintMotd no",
             "LogLevel VERBOSE",
+            # The far sides' warm server (cli/warm.py) lives here, and ends with the fixture.
+            f"SetEnv XDG_RUNTIME_DIR={runtime}",
             "",
         ]))
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
@@ -164,6 +169,7 @@ def sshd() -> Iterator[Sshd]:
                    remote_command=str(Path(sys.executable).parent / "ttyserve"),
                    directory=directory, log=log)
     finally:
+        stop_warm_servers(directory / "rt")
         if process is not None:
             _stop(process)
             if drainer is not None:

@@ -5,22 +5,18 @@ finishes with its whole output, once, and its exit code."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import children_of, ttyserve_command
+from helpers import children_of, server_pid, ttyserve_command, wait_until_gone
 
 if TYPE_CHECKING:  # not imported when run: `conftest` names a different module per directory
     from conftest import Sshd
@@ -46,30 +42,6 @@ def far_side(sshd: Sshd) -> Iterator[tuple[str, Path]]:
             os.kill(pid, signal.SIGTERM)  # the server the far side started: ours to end
             assert wait_until_gone(pid)
         shutil.rmtree(runtime, ignore_errors=True)
-
-
-def server_pid(path: Path) -> int | None:
-    """The pid of the server answering on ``path`` (SO_PEERCRED), if one does."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return None
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        return pid
-
-
-def wait_until_gone(pid: int, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # (ours: we are the subreaper)
-                return True
-        if not os.path.exists(f"/proc/{pid}"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def ssh_children(pid: int) -> list[int]:

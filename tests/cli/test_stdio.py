@@ -3,60 +3,32 @@ the policy and limits still apply, and stdin's EOF cancels and reaps every sessi
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
-from helpers import SH, RawPeer, ctrl, split_output, ttyserve_command
+from helpers import SH, ctrl, split_output, start_warm_server, stdio_server, ttyserve_command
 
 from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import Frame, FrameKind
 from ttyserve.protocol.messages import Hello, Open
-from ttyserve.transport.streams import PipeTransport
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class StdioServer:
-    def __init__(self, process: subprocess.Popen[bytes], peer: RawPeer) -> None:
-        self.process = process
-        self.peer = peer
-
-    async def exit_code(self, timeout: float = 10) -> int:
-        with anyio.fail_after(timeout):
-            return await anyio.to_thread.run_sync(self.process.wait)
-
-    def stderr(self) -> str:
-        assert self.process.stderr is not None
-        return self.process.stderr.read().decode()
-
-
-@contextlib.asynccontextmanager
-async def stdio_server(*args: str, env: dict[str, str] | None = None,
-                       ) -> AsyncIterator[StdioServer]:
-    """`serve --stdio` as a child whose stdin and stdout are our transport."""
-    to_server, from_us = os.pipe()
-    from_server, to_us = os.pipe()
-    process = subprocess.Popen(
-        ttyserve_command("serve", "--stdio", "--command", SH, *args), stdin=to_server,
-        stdout=to_us, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
-    os.close(to_server)
-    os.close(to_us)
-    transport = PipeTransport(from_server, from_us)
-    try:
-        yield StdioServer(process, RawPeer(transport))
-    finally:
-        await transport.aclose()
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
+@pytest.fixture(autouse=True, params=["alone", "warm"])
+def far_side(request: pytest.FixtureRequest, short_dir: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test twice: `serve --stdio` serving by itself, and handed to a warm server
+    (cli/warm.py): the contract is the same."""
+    if request.param == "alone":
+        yield
+        return
+    with start_warm_server(short_dir, monkeypatch):
+        yield
 
 
 def alive(pid: int) -> bool:

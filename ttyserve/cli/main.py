@@ -4,6 +4,7 @@ only place that calls sys.exit."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -76,6 +77,7 @@ def _non_negative(text: str) -> int:
     return value
 
 
+@functools.cache
 def build_parser(command: str | None = None) -> _Parser:
     """The whole parser; given the ``command`` being run, only that command's flags (the
     others' help lines stay), so that `exec` never imports what `serve` needs."""

@@ -1,0 +1,262 @@
+"""The warm far side (cli/warm.py): `serve --stdio` handed to a server that has already
+started, with the stub's descriptors, environment, directory and umask; its signals passed
+on, its death ending its server; started when none answers, never when TTYSERVE_WARM=0,
+never through a socket another user serves; gone when idle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SH,
+    RawPeer,
+    ctrl,
+    server_pid,
+    split_output,
+    start_warm_server,
+    stdio_server,
+    stop_warm_servers,
+    wait_until,
+)
+
+from ttyserve.cli.warm import warm_socket_path
+from ttyserve.exitcodes import ServeExit
+from ttyserve.protocol.frames import Frame, FrameKind
+from ttyserve.protocol.messages import Hello, Open
+
+pytestmark = pytest.mark.timeout(60)
+NOBODY = 65534
+
+
+def parent_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+async def opened_pid(frames: list[Frame], peer: RawPeer) -> int:
+    """Read frames until channel 1's `opened`; its pid."""
+    while True:
+        frame = await peer.next_frame()
+        assert frame is not None, "closed before `opened`"
+        frames.append(frame)
+        if frame.kind is FrameKind.CTRL_OUT and frame.channel == 1:
+            message = split_output([frame])[2][0]
+            assert message["type"] == "opened", message
+            return int(str(message["pid"]))
+
+
+@pytest.fixture
+def runtime(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A runtime directory of the test's own, the warm far side allowed; warm servers the
+    test's stubs start there are stopped after it."""
+    directory = short_dir / "rt"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    monkeypatch.setenv("TTYSERVE_WARM", "1")
+    yield directory
+    stop_warm_servers(directory)
+
+
+@pytest.mark.asyncio
+async def test_the_server_is_a_child_of_the_warm_server_with_the_stubs_env_cwd_and_umask(
+        short_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_warm_server(short_dir, monkeypatch) as warm:
+        async with stdio_server(env={"WARM_TEST": "from the stub"}, cwd=tmp_path,
+                                umask=0o027) as server:
+            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+                argv=[SH, "-c", 'echo "$WARM_TEST"; pwd; umask; exec cat'], pty=False)))
+            frames: list[Frame] = []
+            pid = await opened_pid(frames, server.peer)
+            served_by = parent_of(pid)
+            assert served_by != server.process.pid
+            assert parent_of(served_by) == warm.pid
+            output = b""
+            while output.count(b"\n") < 3:
+                frame = await server.peer.next_frame()
+                assert frame is not None
+                if frame.kind is FrameKind.STDOUT:
+                    output += frame.payload
+            assert output.decode().splitlines() == ["from the stub", str(tmp_path), "0027"]
+            await server.peer.transport.send_eof()
+            await server.peer.frames_until_eof()
+            assert await server.exit_code() == ServeExit.OK
+            assert not alive(pid) and not alive(served_by)
+
+
+@pytest.mark.asyncio
+async def test_a_signal_to_the_stub_reaches_its_server(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_warm_server(short_dir, monkeypatch):
+        async with stdio_server() as server:
+            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+                argv=[SH, "-c", "exec cat"], pty=False)))
+            pid = await opened_pid([], server.peer)
+            server.process.send_signal(signal.SIGTERM)
+            rest = await server.peer.frames_until_eof()  # a graceful shutdown: the exit
+            ending = split_output(rest)[2]
+            assert ending and ending[-1]["type"] == "exit", ending
+            # Passed on, not suffered: the stub waited for its server and says its status.
+            assert await server.exit_code() == ServeExit.OK
+            assert not alive(pid)
+
+
+@pytest.mark.asyncio
+async def test_a_killed_stub_ends_its_server_and_its_sessions(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_warm_server(short_dir, monkeypatch):
+        async with stdio_server() as server:
+            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+                argv=[SH, "-c", "exec sleep 600"], pty=False)))
+            pid = await opened_pid([], server.peer)
+            served_by = parent_of(pid)
+            server.process.kill()
+            rest = await server.peer.frames_until_eof()
+            assert split_output(rest)[2][-1]["type"] == "exit"
+            assert await wait_until(lambda: not alive(pid) and not alive(served_by), 10)
+
+
+@pytest.mark.asyncio
+async def test_with_none_answering_it_serves_alone_and_starts_one(runtime: Path) -> None:
+    path = warm_socket_path()
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "exec cat"], pty=False)))
+        pid = await opened_pid([], server.peer)
+        assert parent_of(pid) == server.process.pid  # served by the stub itself
+        await server.peer.transport.send_eof()
+        await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    # (a socket that does not exist yet has no event to wait for)
+    assert await wait_until(lambda: server_pid(Path(path)) is not None, 30)
+    warm = server_pid(Path(path))
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "exec cat"], pty=False)))
+        pid = await opened_pid([], server.peer)
+        assert parent_of(parent_of(pid)) == warm  # the next one is served warm
+        await server.peer.transport.send_eof()
+        await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+
+
+@pytest.mark.asyncio
+async def test_warm_off_neither_starts_one_nor_uses_one(
+        runtime: Path, short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTYSERVE_WARM", "0")
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "exit 0"], pty=False)))
+        await server.peer.frames_until_eof()
+        assert await server.exit_code() == ServeExit.OK
+    assert list(runtime.iterdir()) == []  # no socket, lock or log: nothing was started
+    with start_warm_server(short_dir, monkeypatch):
+        monkeypatch.setenv("TTYSERVE_WARM", "0")
+        async with stdio_server() as server:
+            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+                argv=[SH, "-c", "exec cat"], pty=False)))
+            pid = await opened_pid([], server.peer)
+            assert parent_of(pid) == server.process.pid
+            await server.peer.transport.send_eof()
+            await server.peer.frames_until_eof()
+
+
+def test_an_idle_warm_server_ends_and_takes_its_socket(short_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = short_dir / "rt"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    path = warm_socket_path()
+    with subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, "0.2"],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as warm:
+        assert warm.stdout is not None
+        assert warm.stdout.readline() == f"listening {path}\n".encode()
+        assert warm.wait(20) == 0
+    assert not os.path.exists(path)
+
+
+def test_a_socket_another_user_serves_never_gets_the_descriptors(
+        runtime: Path, short_dir: Path) -> None:
+    """A squatter on the warm path (here: a process that became `nobody`) is not handed
+    stdin and stdout: the stub serves alone, and says why on stderr."""
+    short_dir.chmod(0o711)  # so that `nobody` can bind there
+    runtime.chmod(0o777)
+    path = warm_socket_path()
+    told_read, told_write = os.pipe()
+    squatter = os.fork()
+    if squatter == 0:  # pragma: no cover (the child)
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            with socket.socket(socket.AF_UNIX) as listener:
+                listener.bind(path)
+                listener.listen(1)
+                os.write(told_write, b"r")
+                conn, _ = listener.accept()
+                _, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(12))
+                os.write(told_write, b"%d" % len(ancillary))
+        finally:
+            os._exit(0)
+    os.close(told_write)
+    try:
+        assert os.read(told_read, 1) == b"r"
+        done = subprocess.run([sys.executable, "-m", "ttyserve", "serve", "--stdio"],
+                              input=b"", capture_output=True, timeout=30)
+        assert done.returncode == ServeExit.OK  # EOF before `hello`: served alone, exit 0
+        assert b"served by another user" in done.stderr
+        assert os.read(told_read, 16) == b"0"  # no descriptors crossed
+    finally:
+        os.close(told_read)
+        os.waitpid(squatter, 0)
+
+
+def test_a_stub_of_another_user_is_refused(short_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The socket is the user's alone (0600); even opened to all, the warm server forks for
+    no other user (SO_PEERCRED)."""
+    with start_warm_server(short_dir, monkeypatch):
+        path = warm_socket_path()
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        short_dir.chmod(0o711)
+        (short_dir / "rt").chmod(0o711)
+        os.chmod(path, 0o666)
+        told_read, told_write = os.pipe()
+        intruder = os.fork()
+        if intruder == 0:  # pragma: no cover (the child)
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.connect(path)
+                    request = b"\0".join([b"ttyserve-warm-1", b"/", b"18", b"2", b"serve",
+                                          b"--stdio"])
+                    fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+                    try:
+                        sock.sendmsg([len(request).to_bytes(4, "big") + request],
+                                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                        answer = sock.recv(5)
+                    except (BrokenPipeError, ConnectionResetError):  # closed on us
+                        answer = b""
+                    os.write(told_write, answer or b"closed")
+            except BaseException as exc:
+                os.write(told_write, repr(exc).encode()[:200])
+            finally:
+                os._exit(0)
+        os.close(told_write)
+        try:
+            assert os.read(told_read, 16) == b"closed"  # no child was started for it
+        finally:
+            os.close(told_read)
+            os.waitpid(intruder, 0)

@@ -1,0 +1,386 @@
+"""The warm far side: `serve --stdio` handed to a ttyserve that has already started.
+
+A carrier runs `ttyserve serve --stdio` once per connection, and most of a new Python
+process's start is importing the event loop and the message codec (~150 ms, 9x
+`python -c pass`). A warm server is one process per user and installation, its imports
+done, waiting on a Unix socket in the runtime directory. `serve --stdio` tries it first:
+it passes its stdin, stdout and stderr (SCM_RIGHTS), its arguments, environment, working
+directory and umask; the warm server forks a child that takes them and runs `serve` as
+this process would have; this process waits, passes on the signals it gets, and exits
+with the child's status. Per connection only this module's imports are paid.
+
+When none answers, `serve --stdio` serves by itself as before, and starts a warm server
+in the background for the next connection; it ends after WARM_IDLE seconds without one.
+`TTYSERVE_WARM=0` turns both off. The socket's name carries a digest of the installed
+code, so a changed installation never reaches an old warm server; both sides check that
+the other runs as the same user (SO_PEERCRED).
+
+The stub's imports are the interpreter's own (`_socket`, `_signal`, `zlib`): `socket`,
+`signal` and `struct` would import `enum` and more, a third of what it saves.
+"""
+
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]
+import _socket
+import os
+import sys
+import zlib
+
+from ..defaults import WARM_IDLE
+from ..runtime import runtime_path
+from ..version import __version__
+
+WARM_ENV = "TTYSERVE_WARM"  # "0": neither use nor start a warm server
+MAGIC = b"ttyserve-warm-1"  # the request's first field: the stub and server speak one format
+FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGTERM)  # the stub passes these on
+REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
+HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
+STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
+ENDED = b"X"  # warm server -> stub: the child's status follows (4 bytes, signed: -N a signal)
+# What every child would import (or build) again, done once in the warm server:
+PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserve.server.config",
+             "ttyserve.cli.serve")
+
+
+def code_digest() -> str:
+    """Names this installation: the interpreter, the version, each module's size and mtime."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    crc = zlib.crc32(f"{sys.executable}\0{__version__}".encode())
+    for directory, _, files in sorted(os.walk(package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                info = os.stat(os.path.join(directory, name))
+                crc = zlib.crc32(f"{directory}/{name}\0{info.st_size}\0{info.st_mtime_ns}\0"
+                                 .encode(), crc)
+    return f"{crc:08x}"
+
+
+def warm_socket_path() -> str:
+    return runtime_path(f"ttyserve-warm-{code_digest()}.sock")
+
+
+def _uid_of(sock: _socket.socket) -> int:
+    """The peer's uid (struct ucred: pid, uid, gid)."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return int.from_bytes(creds[4:8], sys.byteorder)
+
+
+def _receive_exactly(sock: _socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer when the peer closed first."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# --- the stub: `serve --stdio` handing itself over ----------------------------------------
+
+
+def eligible(args: list[str]) -> bool:
+    """`serve --stdio` (with any other serve flags but --persist, which relays instead)."""
+    return (args[:1] == ["serve"] and "--stdio" in args
+            and not {"--persist", "-h", "--help"} & set(args)
+            and os.environ.get(WARM_ENV) != "0")
+
+
+def handed_over(args: list[str]) -> int | None:
+    """Serve ``args`` through a warm server: the child's exit status, or None when this
+    process must serve by itself (then a warm server is started for the next time)."""
+    path = warm_socket_path()
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(path)
+        except OSError:
+            _start_warm_server(path)
+            return None
+        if _uid_of(sock) != os.getuid():
+            _say(f"{path} is served by another user: not using it")
+            return None
+        return _hand_over(sock, args)
+    finally:
+        sock.close()
+
+
+def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
+    fields = [MAGIC, os.getcwd().encode(), b"%d" % _umask(), b"%d" % len(args),
+              *(os.fsencode(arg) for arg in args),
+              *(key + b"=" + value for key, value in os.environb.items())]
+    request = b"\0".join(fields)
+    header = len(request).to_bytes(4, "big")
+    fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
+    try:
+        sent = sock.sendmsg([header + request],
+                            [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+        sock.sendall((header + request)[sent:])
+        reply = _receive_exactly(sock, 5)
+    except OSError:
+        reply = b""
+    if len(reply) < 5 or reply[:1] != STARTED:
+        return None  # it closed before forking (ending, idle): nothing was read, serve here
+    child = int.from_bytes(reply[1:], "big")
+    # The child has stdin and stdout now; ours must not keep the carrier's pipes open.
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in FORWARDED:
+        _signal.signal(signum, forward)
+    ending = _receive_exactly(sock, 5)
+    if len(ending) < 5 or ending[:1] != ENDED:
+        from ..exitcodes import ServeExit
+
+        _say(f"the warm server went away: the status of its child {child} is unknown")
+        return int(ServeExit.ERROR)
+    code = int.from_bytes(ending[1:], "big", signed=True)
+    return code if code >= 0 else 128 - code  # a signal's death, as a shell reports it
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _say(message: str) -> None:
+    os.write(2, f"ttyserve: warm far side: {message}\n".encode(errors="replace"))
+
+
+def _start_warm_server(path: str) -> None:
+    """A warm server in the background, in a session of its own and not our child: this
+    connection's carrier (ssh) must not wait for it, nor its end hang it up."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        log = os.open(os.path.join(directory, "ttyserve-warm.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:
+        _say(f"cannot start one in {directory}: {exc.strerror}")
+        return
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    null = os.open(os.devnull, os.O_RDWR)
+                    os.dup2(null, 0)
+                    os.dup2(null, 1)
+                    os.dup2(log, 2)
+                    os.closerange(3, 65536)
+                    os.execv(sys.executable, [sys.executable, "-m", "ttyserve.cli.warm", path])
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        os.close(log)
+
+
+# --- the warm server -----------------------------------------------------------------------
+
+
+def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
+    """Wait for `serve --stdio` stubs on ``path``; fork a server for each; end after ``idle``
+    seconds with no child and no connection. 0 also when another warm server holds it."""
+    import fcntl
+    import importlib
+    import selectors
+    import signal
+    import socket
+    import time
+
+    from .main import build_parser
+    from .main import main as full_main
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    build_parser("serve")  # every child parses `serve ...` with it: built once, here
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        return 0
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if os.path.exists(path):
+        os.unlink(path)  # ours to replace: we hold the lock, so its server is gone
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    bound = os.stat(path).st_ino  # the file to remove at the end, if it is still ours
+    listener.listen(128)
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write)
+    handlers = {signum: signal.getsignal(signum)
+                for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)  # through the `finally` below: the socket goes with us
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    sys.stdout.write(f"listening {path}\n")  # (to /dev/null when a stub started it)
+    sys.stdout.flush()
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}  # each child's stub connection
+    quiet_since = time.monotonic()
+
+    def close_all() -> None:
+        """What the child must not keep: the listener, the stubs, the wake-up pipe, the lock."""
+        signal.set_wakeup_fd(-1)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        selector.close()
+        listener.close()
+        for stub in children.values():
+            stub.close()
+        os.close(wake_read)
+        os.close(wake_write)
+        os.close(lock)
+
+    def start(stub: socket.socket) -> None:
+        request = _read_request(stub)
+        if request is None:
+            stub.close()
+            return
+        fds, args, env, cwd, umask = request
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                close_all()
+                stub.close()
+                os.setsid()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                for fd in fds:
+                    if fd > 2:
+                        os.close(fd)
+                os.environ.clear()
+                os.environ.update(env)
+                os.chdir(cwd)
+                os.umask(umask)
+                sys.argv = ["ttyserve", *args]
+                full_main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        try:
+            stub.sendall(STARTED + pid.to_bytes(4, "big"))
+        except OSError:
+            os.kill(pid, signal.SIGTERM)  # its stub is gone already
+        children[pid] = stub
+        selector.register(stub, selectors.EVENT_READ, pid)
+
+    def reap() -> None:
+        nonlocal quiet_since
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            stub = children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                selector.unregister(stub)
+            except KeyError:
+                pass  # its stub had gone
+            try:
+                stub.sendall(ENDED + code.to_bytes(4, "big", signed=True))
+            except OSError:
+                pass  # the stub was killed: nobody waits for the status
+            stub.close()
+            quiet_since = time.monotonic()
+
+    try:
+        while True:
+            timeout = None if children else quiet_since + idle - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return 0
+            for key, _ in selector.select(timeout):
+                if key.fileobj is listener:
+                    stub, _ = listener.accept()
+                    start(stub)
+                elif key.fileobj == wake_read:
+                    try:
+                        os.read(wake_read, 4096)  # the signals' bytes: reap() looks at all
+                    except BlockingIOError:
+                        pass
+                elif isinstance(key.fileobj, socket.socket):
+                    # A stub says nothing after its request: readable means it is gone (killed),
+                    # and its server ends as a carrier's far side ends when the carrier dies.
+                    selector.unregister(key.fileobj)
+                    os.kill(key.data, signal.SIGTERM)
+            reap()
+    finally:
+        if os.path.exists(path) and os.stat(path).st_ino == bound:
+            os.unlink(path)
+        close_all()
+
+
+def _read_request(stub: _socket.socket) -> tuple[list[int], list[str], dict[str, str], str,
+                                                  int] | None:
+    """A stub's request: its three descriptors, arguments, environment, cwd, umask; None
+    (its descriptors closed) when it is not one, or not from this user."""
+    import socket
+
+    stub.settimeout(HANDSHAKE_TIMEOUT)
+    fds: list[int] = []
+    try:
+        if _uid_of(stub) != os.getuid():
+            return None
+        head, fds, _, _ = socket.recv_fds(stub, 4 + 65536, 3)  # type: ignore[arg-type]
+        if len(fds) != 3:
+            raise ValueError("no descriptors")
+        head += _receive_exactly(stub, 4 - len(head)) if len(head) < 4 else b""
+        size = int.from_bytes(head[:4], "big")
+        if size > REQUEST_LIMIT:
+            raise ValueError(f"{size} bytes")
+        body = head[4:] + _receive_exactly(stub, size - (len(head) - 4))
+        fields = body.split(b"\0")
+        if fields[0] != MAGIC:
+            raise ValueError("not a request of this version")
+        count = int(fields[3])
+        args = [os.fsdecode(arg) for arg in fields[4:4 + count]]
+        env = dict(os.fsdecode(entry).partition("=")[::2] for entry in fields[4 + count:])
+        return fds, args, env, os.fsdecode(fields[1]), int(fields[2])
+    except (OSError, ValueError, IndexError) as exc:
+        _say(f"a request refused: {exc}")
+        for fd in fds:
+            os.close(fd)
+        return None
+    finally:
+        stub.settimeout(None)
+
+
+if __name__ == "__main__":
+    sys.exit(serve_warm(sys.argv[1] if len(sys.argv) > 1 else warm_socket_path(),
+                        float(sys.argv[2]) if len(sys.argv) > 2 else WARM_IDLE))

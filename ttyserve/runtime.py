@@ -1,0 +1,16 @@
+"""Where a user's ttyserve keeps its sockets. Imports nothing: a carrier's far side reads it
+before anything else."""
+
+from __future__ import annotations
+
+import os
+
+
+def runtime_dir() -> str:
+    """`$XDG_RUNTIME_DIR`, else `/tmp/ttyserve-$UID`."""
+    return os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/ttyserve-{os.getuid()}"
+
+
+def runtime_path(name: str) -> str:
+    """``name`` in the runtime directory."""
+    return os.path.join(runtime_dir(), name)
