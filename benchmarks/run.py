@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     nofile = procs.raise_nofile_limit()
     selected = [BY_NAME[name] for name in args.only] if args.only else WORKLOADS
     signal.signal(signal.SIGTERM, _interrupt)  # stop the servers and print, as Ctrl-C does
+    # No workload leaves a warm server (ttyserve/cli/warm.py) behind in the user's runtime
+    # directory: those that measure warm starts start one in a directory of their own.
+    os.environ["TTYSERVE_WARM"] = "0"
     workdir = tempfile.mkdtemp(prefix="ttyserve-bench-")
     results: dict[str, WorkloadResult] = {}
     skipped: dict[str, str] = {}

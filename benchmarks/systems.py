@@ -31,7 +31,13 @@ from typing import Any
 
 from . import procs
 from .procs import Usage
-from .server import TtyserveServer, serve_flags, stdio_server, ttyserve_script
+from .server import (
+    TtyserveServer,
+    far_side_environment,
+    serve_flags,
+    stdio_server,
+    ttyserve_script,
+)
 from .wire import WireSession
 
 try:
@@ -96,12 +102,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed_subprocess(argv: list[str]) -> ExecRun:
+def timed_subprocess(argv: list[str], env: dict[str, str] | None = None) -> ExecRun:
     """Run ``argv`` with stdout to /dev/null; wall time and the CPU of what it started."""
     before = children_cpu()
     start = now()
     result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, check=False, timeout=600)
+                            stderr=subprocess.PIPE, check=False, timeout=600, env=env)
     seconds = now() - start
     if result.returncode != 0:
         raise RuntimeError(f"{argv[0]} exited {result.returncode}: "
@@ -162,9 +168,15 @@ class System:
     def exec_stream(self, argv: list[str], transport: str) -> ExecRun:
         return timed_subprocess(self.exec_command(argv, transport))
 
+    warm_starts = False  # whether its client starts warm (ttyserve/cli/warm.py) when it can
+
     def startup(self, transport: str) -> float:
         """Seconds from starting a client to its exit, running `true`."""
         return self.exec_stream(["true"], transport).seconds
+
+    def warm_startup(self, transport: str, runtime: str) -> float:
+        """As `startup`, the client reaching the warm server of the runtime dir ``runtime``."""
+        raise NotApplicable
 
     def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
                ) -> float:
@@ -302,6 +314,11 @@ class RawSystem(System):
 
     def stdio_start(self, warm: str | None = None) -> float:
         return self.startup("unix")
+
+    warm_starts = True  # (the same floor: the column the warm start is held to)
+
+    def warm_startup(self, transport: str, runtime: str) -> float:
+        return self.startup(transport)
 
 
 # --- ttyserve ------------------------------------------------------------------
@@ -451,6 +468,12 @@ class TtyserveSystem(System):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         return self.server.exec_command(transport, argv)
 
+    warm_starts = True
+
+    def warm_startup(self, transport: str, runtime: str) -> float:
+        return timed_subprocess(self.exec_command(["true"], transport),
+                                {**os.environ, **far_side_environment(runtime)}).seconds
+
     def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
                ) -> float:
         from .fanout import run_once
@@ -558,6 +581,8 @@ class TtyserveLibSystem(TtyserveSystem):
 
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         raise NotApplicable
+
+    warm_starts = False  # the library in a running program: nothing to start
 
     def fanout(self, targets: int, parallel: int, over: str = "local", warm: bool = False
                ) -> float:

@@ -318,9 +318,16 @@ STARTUP_RUNS = 7  # per repetition; the median is kept
 
 
 def measure_startup(system: System, ctx: Context) -> dict[str, float]:
+    """Cold (TTYSERVE_WARM=0, as every run has it), and for the CLI, with a warm server
+    running (ttyserve/cli/warm.py: what a script's second `exec` finds)."""
     transport = "unix" if "unix" in system.transports else ctx.transport
     walls = sorted(system.startup(transport) for _ in range(STARTUP_RUNS))
-    return {"wall_ms": walls[len(walls) // 2] * 1e3}
+    values = {"wall_ms": walls[len(walls) // 2] * 1e3}
+    if system.warm_starts:
+        with warm_far_side(ctx.workdir) as runtime:
+            warm = sorted(system.warm_startup(transport, runtime) for _ in range(STARTUP_RUNS))
+        values["warm_ms"] = warm[len(warm) // 2] * 1e3
+    return values
 
 
 # --- 8. Fan-out ------------------------------------------------------------------------
@@ -494,8 +501,10 @@ WORKLOADS = [
         ("raw", "ttyserve", "asyncssh", "openssh"), measure_client_cost, reps=3),
     Workload(
         "startup", "Start-up: a client runs `true` end to end (raw: python -c pass)",
-        [Metric("wall_ms", "ms, median of 7")],
-        [Target("wall_ms", "<=", 60), Target("wall_ms", "<=", 2.5, "raw")],
+        [Metric("wall_ms", "ms, median of 7"),
+         Metric("warm_ms", "ms, median of 7, a warm server running")],
+        [Target("wall_ms", "<=", 60), Target("wall_ms", "<=", 2.5, "raw"),
+         Target("warm_ms", "<=", 4, "raw")],
         ("raw", "ttyserve", "ttyserve-lib", "asyncssh", "openssh"), measure_startup),
     Workload(
         "fanout", f"Fan-out: `uname -n` on N local serve --stdio targets, {FANOUT_PARALLEL} "

@@ -1,10 +1,11 @@
-"""The warm far side (cli/warm.py): `serve --stdio` handed to a server that has already
-started, with the stub's descriptors, environment, directory and umask; its signals passed
-on, its death ending its server; started when none answers, never when TTYSERVE_WARM=0,
-never through a socket another user serves; gone when idle."""
+"""Warm starts (cli/warm.py): `serve --stdio` and `exec` handed to a ttyserve that has
+already started, with the stub's descriptors, environment, directory and umask; its
+signals passed on, its death ending its child; started when none answers, never when
+TTYSERVE_WARM=0, never through a socket another user serves; gone when idle."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,11 +13,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
     SH,
     RawPeer,
+    ServerProcess,
+    children_of,
     ctrl,
     server_pid,
     split_output,
@@ -179,11 +183,18 @@ def test_an_idle_warm_server_ends_and_takes_its_socket(short_dir: Path,
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     path = warm_socket_path()
-    with subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, "0.2"],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as warm:
+    warm = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, "0.2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
         assert warm.stdout is not None
         assert warm.stdout.readline() == f"listening {path}\n".encode()
         assert warm.wait(20) == 0
+    finally:
+        if warm.poll() is None:
+            warm.kill()
+        warm.wait()
+        assert warm.stdout is not None
+        warm.stdout.close()
     assert not os.path.exists(path)
 
 
@@ -260,3 +271,72 @@ def test_a_stub_of_another_user_is_refused(short_dir: Path,
         finally:
             os.close(told_read)
             os.waitpid(intruder, 0)
+
+
+# --- exec --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def exec_stub(server: ServerProcess, *argv: str, stdin: Any = subprocess.PIPE
+              ) -> Iterator[subprocess.Popen[bytes]]:
+    """`ttyserve exec` of ``argv`` on ``server``; killed (if need be) and reaped after."""
+    process = subprocess.Popen([sys.executable, "-m", "ttyserve", "exec", "--connect",
+                                server.addresses[0], "--", *argv],
+                               stdin=stdin, stdout=subprocess.PIPE)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def test_exec_runs_in_a_warm_child_with_its_stdin_stdout_and_status(
+        server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_warm_server(short_dir, monkeypatch) as warm, \
+            exec_stub(server_process, SH, "-c", "cat; exit 7") as stub:
+        assert stub.stdin is not None and stub.stdout is not None
+        stub.stdin.write(b"through the warm child\n")
+        stub.stdin.flush()
+        assert stub.stdout.readline() == b"through the warm child\n"
+        assert children_of(warm.pid), "the exec runs in no child of the warm server"
+        stub.stdin.close()
+        assert stub.stdout.read() == b""
+        assert stub.wait(20) == 7
+
+
+@pytest.mark.parametrize("warm", ["0", "1"])
+def test_ctrl_c_to_exec_means_the_same_warm_or_not(
+        warm: str, server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT goes to the remote process (exec's contract): the warm stub passes it on."""
+    with start_warm_server(short_dir, monkeypatch):
+        monkeypatch.setenv("TTYSERVE_WARM", warm)
+        with exec_stub(server_process, SH, "-c", "echo up; exec sleep 600",
+                       stdin=subprocess.DEVNULL) as stub:
+            assert stub.stdout is not None
+            assert stub.stdout.readline() == b"up\n"
+            stub.send_signal(signal.SIGINT)
+            assert stub.wait(20) == 128 + signal.SIGINT  # sleep died of it, remotely
+
+
+def test_exec_with_a_terminal_on_stdin_is_not_handed_over(
+        server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal's signals and size belong to its foreground process group: exec with a
+    terminal for stdin runs where it was started."""
+    with start_warm_server(short_dir, monkeypatch) as warm:
+        master, slave = os.openpty()
+        try:
+            with exec_stub(server_process, SH, "-c", "echo up; exit 5", stdin=slave) as stub:
+                assert stub.stdout is not None
+                assert stub.stdout.readline() == b"up\r\n"  # (a PTY: stdin is a terminal)
+                assert not children_of(warm.pid)
+                assert stub.wait(20) == 5
+        finally:
+            os.close(master)
+            os.close(slave)

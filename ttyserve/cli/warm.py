@@ -1,16 +1,17 @@
-"""The warm far side: `serve --stdio` handed to a ttyserve that has already started.
+"""Warm starts: `serve --stdio` and `exec` handed to a ttyserve that has already started.
 
-A carrier runs `ttyserve serve --stdio` once per connection, and most of a new Python
-process's start is importing the event loop and the message codec (~150 ms, 9x
-`python -c pass`). A warm server is one process per user and installation, its imports
-done, waiting on a Unix socket in the runtime directory. `serve --stdio` tries it first:
-it passes its stdin, stdout and stderr (SCM_RIGHTS), its arguments, environment, working
-directory and umask; the warm server forks a child that takes them and runs `serve` as
-this process would have; this process waits, passes on the signals it gets, and exits
-with the child's status. Per connection only this module's imports are paid.
+A carrier runs `ttyserve serve --stdio` once per connection, scripts run `ttyserve exec`
+in loops, and most of a new Python process's start is importing the event loop and the
+message codec (~150 ms here, 9x `python -c pass`). A warm server is one process per user
+and installation, its imports done, waiting on a Unix socket in the runtime directory.
+Those two commands try it first: the process passes its stdin, stdout and stderr
+(SCM_RIGHTS), its arguments, environment, working directory and umask; the warm server
+forks a child that takes them and runs the command as this process would have; this
+process waits, passes on the signals it gets, and exits with the child's status. Per
+command only this module's imports are paid.
 
-When none answers, `serve --stdio` serves by itself as before, and starts a warm server
-in the background for the next connection; it ends after WARM_IDLE seconds without one.
+When none answers, the command runs here as before, and a warm server is started in the
+background for the next one; it ends after WARM_IDLE seconds without a command.
 `TTYSERVE_WARM=0` turns both off. The socket's name carries a digest of the installed
 code, so a changed installation never reaches an old warm server; both sides check that
 the other runs as the same user (SO_PEERCRED).
@@ -18,7 +19,6 @@ the other runs as the same user (SO_PEERCRED).
 The stub's imports are the interpreter's own (`_socket`, `_signal`, `zlib`): `socket`,
 `signal` and `struct` would import `enum` and more, a third of what it saves.
 """
-
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
@@ -40,7 +40,8 @@ STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
 ENDED = b"X"  # warm server -> stub: the child's status follows (4 bytes, signed: -N a signal)
 # What every child would import (or build) again, done once in the warm server:
 PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserve.server.config",
-             "ttyserve.cli.serve")
+             "ttyserve.cli.serve", "ttyserve.cli.exec_direct", "ttyserve.cli.exec",
+             "ttyserve.cli.exec_many")
 
 
 def code_digest() -> str:
@@ -77,19 +78,26 @@ def _receive_exactly(sock: _socket.socket, size: int) -> bytes:
     return data
 
 
-# --- the stub: `serve --stdio` handing itself over ----------------------------------------
+# --- the stub: the command handing itself over -------------------------------------------
 
 
 def eligible(args: list[str]) -> bool:
-    """`serve --stdio` (with any other serve flags but --persist, which relays instead)."""
-    return (args[:1] == ["serve"] and "--stdio" in args
-            and not {"--persist", "-h", "--help"} & set(args)
-            and os.environ.get(WARM_ENV) != "0")
+    """`serve --stdio` (with any serve flags but --persist, which relays instead), and `exec`
+    in pipe mode with stdin not a terminal (a terminal's signals and size are its process
+    group's, which the warm child is not in); not if TTYSERVE_WARM=0."""
+    if os.environ.get(WARM_ENV) == "0":
+        return False
+    flags = set(args[:args.index("--")] if "--" in args else args)
+    if flags & {"-h", "--help", "--version"}:
+        return False
+    if args[:1] == ["serve"]:
+        return "--stdio" in flags and "--persist" not in flags
+    return args[:1] == ["exec"] and "-t" not in flags and not os.isatty(0)
 
 
 def handed_over(args: list[str]) -> int | None:
-    """Serve ``args`` through a warm server: the child's exit status, or None when this
-    process must serve by itself (then a warm server is started for the next time)."""
+    """Run ``args`` in a warm server's child: its exit status, or None when this process
+    must run them itself (then a warm server is started for the next time)."""
     path = warm_socket_path()
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -121,7 +129,7 @@ def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
     except OSError:
         reply = b""
     if len(reply) < 5 or reply[:1] != STARTED:
-        return None  # it closed before forking (ending, idle): nothing was read, serve here
+        return None  # it closed before forking (ending, idle): nothing was read, run here
     child = int.from_bytes(reply[1:], "big")
     # The child has stdin and stdout now; ours must not keep the carrier's pipes open.
     null = os.open(os.devnull, os.O_RDWR)
@@ -154,12 +162,13 @@ def _umask() -> int:
 
 
 def _say(message: str) -> None:
-    os.write(2, f"ttyserve: warm far side: {message}\n".encode(errors="replace"))
+    os.write(2, f"ttyserve: warm start: {message}\n".encode(errors="replace"))
 
 
 def _start_warm_server(path: str) -> None:
-    """A warm server in the background, in a session of its own and not our child: this
-    connection's carrier (ssh) must not wait for it, nor its end hang it up."""
+    """A warm server in the background, in a session of its own and not our child, holding
+    none of our descriptors: whoever waits for this command (ssh, a shell reading its
+    output) must not wait for it, nor its end hang it up."""
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -191,8 +200,8 @@ def _start_warm_server(path: str) -> None:
 
 
 def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
-    """Wait for `serve --stdio` stubs on ``path``; fork a server for each; end after ``idle``
-    seconds with no child and no connection. 0 also when another warm server holds it."""
+    """Wait for stubs on ``path``; fork a child running each one's command; end after
+    ``idle`` seconds with no child and no connection. 0 also when another one holds it."""
     import fcntl
     import importlib
     import selectors
@@ -205,8 +214,9 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
 
     for name in PRELOADED:
         importlib.import_module(name)
-    build_parser("serve")  # every child parses `serve ...` with it: built once, here
-
+    for command in ("serve", "exec"):
+        build_parser(command)  # each child parses its command line with it: built once, here
+    os.chdir("/")  # holds no directory of the stub that started it (each child takes its own)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:

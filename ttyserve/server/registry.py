@@ -60,6 +60,7 @@ from .scrollback import OffsetBeyondOutput
 from .session import ServerSession, Sink
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
+from .typing_first import Typing
 
 log = logging.getLogger("ttyserve")
 
@@ -119,6 +120,7 @@ class SessionRegistry:
         # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
         self.grants = Grants()  # section 11: who may attach without the token
+        self.typing = Typing()  # interactive first: while anyone types, others read small
         self.closing = False  # a graceful shutdown began: no new sessions
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
@@ -255,7 +257,7 @@ class SessionRegistry:
                                 linger=self.settings.linger, owner=owner,
                                 scrollback=self.settings.scrollback if detachable else None,
                                 detached_timeout=detached_timeout or self.settings.detached_timeout,
-                                kill_leftovers=self._kill_leftovers)
+                                kill_leftovers=self._kill_leftovers, typing=self.typing)
         session.on_delivered = lambda: self._delivered(session)
         return session
 

@@ -35,6 +35,7 @@ from .observer import Observer
 from .pump import OutputPump
 from .scrollback import Scrollback
 from .stdin import StartTask, StdinQueue
+from .typing_first import Typing
 
 
 class Sink(Protocol):
@@ -108,7 +109,7 @@ class ServerSession:
                  peer: str, start_task: StartTask, *, linger: float = DEFAULT_LINGER,
                  owner: str = "", scrollback: int | None = None,
                  detached_timeout: float = DEFAULT_DETACHED_TIMEOUT,
-                 kill_leftovers: bool = True) -> None:
+                 kill_leftovers: bool = True, typing: Typing | None = None) -> None:
         self.id = session_id
         self.process = process
         self.spec = spec
@@ -132,6 +133,8 @@ class ServerSession:
         self.recorded = False  # its start record is in the journal: it gets an end
         self.bytes_in = 0
         self.bytes_out = 0
+        self.typing = typing  # the server's: while anyone types, others read small
+        self._typed_at = 0.0  # when a keystroke last came in (PTY sessions)
         self.stdin = StdinQueue(process, self._stdin_consumed, start_task)
         self.fault: Exception | None = None  # what broke the session's own code
         self._linger = linger
@@ -252,6 +255,8 @@ class ServerSession:
     def feed_stdin(self, data: bytes) -> int:
         """Input for the process: the bytes it took now (the rest is queued)."""
         self.bytes_in += len(data)
+        if self.typing is not None and self.spec.pty:
+            self._typed_at = self.typing.typed()
         for tap in self.taps:
             tap.typed(data)
         return self.stdin.feed(data)
@@ -290,7 +295,8 @@ class ServerSession:
     def output_limit(self) -> int:
         """What a pump may read now: the sink's credit, or a chunk's worth when detached."""
         sink = self.sink
-        return OUTPUT_CHUNK if sink is None else sink.limit()
+        limit = OUTPUT_CHUNK if sink is None else sink.limit()
+        return limit if self.typing is None else self.typing.limit(limit, self._typed_at)
 
     def deliver(self, kind: FrameKind, data: bytes) -> bool:
         """Output to the ring, the taps, the observers and the sink; whether the sink takes
