@@ -39,6 +39,8 @@ CLIENT_RECEIVE = 1 << 20  # one read of the client library's connection to a ser
 STDIN_READ = 64 * 1024  # one read of `exec`'s own stdin
 HTTP_RECEIVE = 64 * 1024  # one read of a web listener's request (its head is 16 KiB at most)
 WEBSOCKET_RECEIVE = 256 * 1024  # one read under the WebSocket carriage, both sides
+WEBSOCKET_MAX_MESSAGE = 4 << 20  # the largest WebSocket frame taken (read whole): whole
+# protocol frames of up to max_frame each, a sender's batch of them (1009 beyond)
 DRAIN_RECEIVE = 64 * 1024  # one read of what a peer still sends while a connection closes
 CARRIER_STDERR_READ = 64 * 1024  # one read of a carrier's stderr (ssh's diagnostics)
 STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without windows

@@ -357,7 +357,7 @@ class Server:
     def _front_door(self) -> FrontDoor:
         """The HTTP side of `ws:` and `wss:` listeners (its assets loaded on first use)."""
         if self._web is None:
-            from ..web.http import FrontDoor  # h11 and wsproto: ~25 ms of every start-up
+            from ..web.http import FrontDoor  # h11 and websockets: not for a start without ws:
 
             self._web = FrontDoor(self.settings.allowed_origins)
         return self._web

@@ -251,8 +251,8 @@ class PipeTransport:
 
 class SocketByteStream(anyio.abc.ByteStream):
     """An anyio byte stream straight on a non-blocking socket (our SocketTransport): what
-    wsproto and h11 run on for plain `ws:`. Unlike anyio's asyncio stream, it does not
-    stop at 64 KiB of write buffer and wait for it to drain, once per message."""
+    the WebSocket carriage and h11 run on for plain `ws:`. Unlike anyio's asyncio stream,
+    it does not stop at 64 KiB of write buffer and wait for it to drain, once per message."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.transport = SocketTransport(sock)

@@ -18,12 +18,13 @@ from importlib import resources
 import anyio
 import anyio.abc
 import h11
-from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, Request
-from wsproto.utilities import RemoteProtocolError as WsRemoteError
+from websockets.datastructures import Headers
+from websockets.http11 import Request as WsRequest
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from ..addresses import Address, is_loopback
-from ..defaults import HTTP_RECEIVE
+from ..defaults import HTTP_RECEIVE, WEBSOCKET_MAX_MESSAGE
 from ..transport.streams import close_gracefully
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
@@ -188,16 +189,15 @@ class FrontDoor:
                    if name.lower() == b"sec-websocket-protocol" for p in _text(value).split(",")}
         if SUBPROTOCOL not in offered:
             raise Refusal(400, f"the upgrade does not offer subprotocol {SUBPROTOCOL}")
-        ws = WSConnection(ConnectionType.SERVER)
-        try:
-            ws.initiate_upgrade_connection(list(request.headers), request.target)
-            if not any(isinstance(event, Request) for event in ws.events()):
-                raise Refusal(400, "not a WebSocket upgrade")
-        except WsRemoteError as exc:
-            raise Refusal(400, f"not a WebSocket upgrade: {exc}") from exc
+        handshake = ServerProtocol(subprotocols=[SUBPROTOCOL])  # h11 parsed the request
+        response = handshake.accept(WsRequest(_text(request.target), Headers(
+            [(_text(name), _text(value)) for name, value in request.headers])))
+        if response.status_code != 101:
+            raise Refusal(400, f"not a WebSocket upgrade: {handshake.handshake_exc}")
         while conn.next_event() not in (h11.PAUSED, h11.NEED_DATA):
             pass  # to the end of the upgrade request: what follows is WebSocket data
-        await stream.send(ws.send(AcceptConnection(subprotocol=SUBPROTOCOL)))
+        await stream.send(response.serialize())
+        ws = ServerProtocol(state=State.OPEN, max_size=WEBSOCKET_MAX_MESSAGE)  # frames from here
         return WebSocketTransport(stream, ws, received=conn.trailing_data[0])
 
 

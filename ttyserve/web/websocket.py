@@ -1,10 +1,15 @@
-"""The protocol's byte stream carried in WebSocket binary messages (protocol section 8), on wsproto.
+"""The protocol's byte stream carried in WebSocket binary messages (protocol section 8), on
+the sans-I/O core of `websockets`.
 
 One more transport under the same core: what it receives is frame bytes, what
 it is given to send goes out as binary messages that hold whole frames (a
 frame never spans two messages). A text message, or a message that ends inside
 a frame, is the carriage misused: `receive` raises RemoteProtocolError, and the
 connection is then closed with code 1002.
+
+`websockets` rather than wsproto: it masks in C and parses a frame with one copy of
+its payload, where wsproto took 10x the time to receive a 128 KiB message and 3x
+for a keystroke's (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -13,27 +18,20 @@ from collections.abc import Sequence
 
 import anyio
 import anyio.abc
-from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Event,
-    Ping,
-    RejectConnection,
-    Request,
-    TextMessage,
-)
-from wsproto.frame_protocol import CloseReason
-from wsproto.utilities import LocalProtocolError as WsLocalError
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidState
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Response
+from websockets.protocol import Protocol, Side, State
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
 
-from ..defaults import WEBSOCKET_RECEIVE
+from ..defaults import CLIENT_NAME, WEBSOCKET_MAX_MESSAGE, WEBSOCKET_RECEIVE
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
 from ..transport.streams import Buffer
 
-SUBPROTOCOL = "ttyserve.v1"
+SUBPROTOCOL = Subprotocol("ttyserve.v1")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -46,8 +44,8 @@ def _broken(exc: BaseException) -> anyio.BrokenResourceError:
 class WebSocketTransport:
     """A `Transport` over an established WebSocket (either side): whole frames per message."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, ws: WSConnection,
-                 received: bytes = b"") -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, ws: Protocol, received: bytes = b"",
+                 frames: Sequence[Frame] = ()) -> None:
         self._stream = stream
         self._ws = ws
         self._send_lock = anyio.Lock()  # the reader answers pings while the writer sends
@@ -55,8 +53,12 @@ class WebSocketTransport:
         self._outgoing = FrameTracker()
         self._tail = bytearray()  # what was given to send past the last whole frame
         self._ready: list[bytes] = []
+        self._pending = list(frames)  # frames that came with the handshake's answer
+        self._text = False  # the message going on is a text one (its continuations too)
         self._ended = False
         self._misuse: RemoteProtocolError | None = None
+        self._closing: bytes | None = None  # the framing broke: the close the library chose,
+        # held back so that the core's `protocol_error` goes out before it
         if received:
             ws.receive_data(received)
 
@@ -87,7 +89,9 @@ class WebSocketTransport:
                 try:
                     data = await self._stream.receive(WEBSOCKET_RECEIVE)
                 except anyio.EndOfStream:
-                    data = None  # wsproto learns of the end (and says it was not clean)
+                    self._ws.receive_eof()  # it learns of the end (not a clean close)
+                    self._ended = True
+                    continue
                 except _GONE as exc:
                     raise _broken(exc) from exc
                 self._ws.receive_data(data)
@@ -98,42 +102,51 @@ class WebSocketTransport:
         return data
 
     async def _take_events(self) -> None:
-        for event in self._ws.events():
+        frames, self._pending = self._pending, []
+        for event in [*frames, *self._ws.events_received()]:
             if self._misuse is not None:
                 break  # nothing after the misuse is handed out
-            if isinstance(event, BytesMessage):
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is Opcode.TEXT or (opcode is Opcode.CONT and self._text):
+                self._text = not event.fin
+                self._misused("a text WebSocket message (frames go in binary ones)")
+            elif opcode is Opcode.BINARY or opcode is Opcode.CONT:
                 self._incoming.feed(event.data)
                 if event.data:
                     self._ready.append(bytes(event.data))
-                if event.message_finished and not self._incoming.at_boundary:
+                if event.fin and not self._incoming.at_boundary:
                     self._misused("a WebSocket message ended inside a frame")
-            elif isinstance(event, TextMessage):
-                self._misused("a text WebSocket message (frames go in binary ones)")
-            elif isinstance(event, Ping):
-                await self._send_event(event.response())
-            elif isinstance(event, CloseConnection):
-                if self._ws.state is ConnectionState.OPEN:  # wsproto found the framing broken
-                    self._misused(f"broken WebSocket framing: {event.reason}")
-                    break
-                if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                    await self._send_event(event.response())
-                self._ended = True
+            elif opcode is Opcode.CLOSE:
+                self._ended = True  # (answered by the library, sent below)
+        if self._ws.parser_exc is not None and self._closing is None:
+            self._closing = b"".join(self._ws.data_to_send())
+            self._misused(f"broken WebSocket framing: {self._ws.parser_exc}")
+        await self._flush()  # pongs, the answer to a close, the close after broken framing
 
     def _misused(self, what: str) -> None:
         """Raised once what came before it was handed out: the core's own rules go first."""
         self._misuse = self._misuse or RemoteProtocolError(what)
         self._ended = True
 
-    async def _send_event(self, event: Event) -> None:
+    async def _flush(self) -> None:
+        """Send what the protocol has queued, in its order (an empty write is its end: the
+        close does it)."""
         async with self._send_lock:
-            try:
-                data = self._ws.send(event)
-            except WsLocalError as exc:  # closing or closed: nothing more can be sent
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            try:
-                await self._stream.send(data)
-            except _GONE as exc:
-                raise _broken(exc) from exc
+            data = b"".join(self._ws.data_to_send())
+            if data:
+                await self._send_locked(data)
+
+    async def _send(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self._send_locked(data)
+
+    async def _send_locked(self, data: bytes) -> None:
+        try:
+            await self._stream.send(data)
+        except _GONE as exc:
+            raise _broken(exc) from exc
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         return 0  # every message goes through the writer task (no fast path here)
@@ -147,16 +160,30 @@ class WebSocketTransport:
             if end is None:
                 self._tail += buffer
                 continue
-            message = bytes(self._tail) + memoryview(buffer)[:end]  # one copy of the payload
+            message = memoryview(buffer)[:end]
+            if self._tail:
+                message = memoryview(bytes(self._tail) + message)
             self._tail[:] = memoryview(buffer)[end:]
-            await self._send_event(BytesMessage(data=message))
+            if self._closing is not None:  # the last words before the held-back close
+                await self._send(Frame(Opcode.BINARY, bytes(message)).serialize(
+                    mask=self._ws.side is Side.CLIENT))
+                continue
+            try:
+                self._ws.send_binary(message)  # one copy, into the framed (and masked) message
+            except InvalidState as exc:  # closing or closed: nothing more can be sent
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            await self._flush()
         return size
 
     async def send_eof(self, protocol_error: bool = False) -> None:
         """Begin the closing handshake: 1000, or 1002 after a protocol error."""
-        code = CloseReason.PROTOCOL_ERROR if protocol_error else CloseReason.NORMAL_CLOSURE
-        if self._ws.state is ConnectionState.OPEN:
-            await self._send_event(CloseConnection(code=code))
+        if self._closing:
+            closing, self._closing = self._closing, b""
+            await self._send(closing)
+        elif self._ws.state is State.OPEN:
+            self._ws.send_close(CloseCode.PROTOCOL_ERROR if protocol_error
+                                else CloseCode.NORMAL_CLOSURE)
+            await self._flush()
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):  # never cut short half-way
@@ -169,20 +196,29 @@ async def open_client(stream: anyio.abc.ByteStream, host: str, path: str = "/ws"
 
     Raises ConnectionRefusedError when the server refuses the upgrade (its status said).
     """
-    ws = WSConnection(ConnectionType.CLIENT)
-    await stream.send(ws.send(Request(host=host, target=path, subprotocols=[SUBPROTOCOL])))
+    ws = ClientProtocol(parse_uri(f"ws://{host}{path}"), subprotocols=[SUBPROTOCOL],
+                        max_size=WEBSOCKET_MAX_MESSAGE)
+    request = ws.connect()
+    request.headers["User-Agent"] = CLIENT_NAME
+    ws.send_request(request)
+    await stream.send(b"".join(ws.data_to_send()))
     while True:
         try:
             data = await stream.receive(WEBSOCKET_RECEIVE)
         except anyio.EndOfStream:
             raise ConnectionResetError("the server closed during the WebSocket upgrade") from None
         ws.receive_data(data)
-        for event in ws.events():
-            if isinstance(event, AcceptConnection):
-                if event.subprotocol != SUBPROTOCOL:
-                    raise ConnectionRefusedError(
-                        f"the server did not select subprotocol {SUBPROTOCOL}")
-                return WebSocketTransport(stream, ws)
-            if isinstance(event, RejectConnection):
+        events = ws.events_received()
+        for index, event in enumerate(events):
+            if not isinstance(event, Response):
+                continue
+            if event.status_code != 101:
                 raise ConnectionRefusedError(
                     f"the server refused the WebSocket upgrade: HTTP {event.status_code}")
+            if ws.subprotocol != SUBPROTOCOL:
+                raise ConnectionRefusedError(
+                    f"the server did not select subprotocol {SUBPROTOCOL}")
+            if ws.handshake_exc is not None:
+                raise ConnectionRefusedError(f"the WebSocket upgrade failed: {ws.handshake_exc}")
+            return WebSocketTransport(stream, ws, frames=[
+                frame for frame in events[index + 1:] if isinstance(frame, Frame)])
