@@ -261,7 +261,7 @@ class Setup:
     ttyserve: str
     pdsh: str | None
     expected: list[bytes]  # the lines the command prints locally, per target
-    ssh_config: Path | None = None  # over a loopback sshd: the client configuration
+    loopback: Loopback | None = None  # over a loopback sshd
     hosts_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -270,15 +270,17 @@ class Setup:
 
     def address(self, host: str) -> str:
         """ttyserve's address of ``host``: a simulated far side, or ssh to the loopback sshd."""
-        if self.ssh_config is None:
+        if self.loopback is None:
             return f"via:env SIM={host}"
-        return f"via:ssh -F {self.ssh_config} {host}"
+        return f"via:ssh -F {self.loopback.config} {host}"
 
     def environment(self) -> dict[str, str]:
-        """pdsh's ssh module takes the same client configuration as ttyserve's carriers."""
-        if self.ssh_config is None:  # (local far sides: never a warm one, as in round 2)
+        """pdsh's ssh module takes the same client configuration as ttyserve's carriers;
+        ttyserve's client starts warm where its far sides do."""
+        if self.loopback is None:  # (local far sides: never a warm one, as in round 2)
             return {**os.environ, **far_side_environment(None)}
-        return {**os.environ, "PDSH_SSH_ARGS": f"-F {self.ssh_config} %h"}
+        return {**os.environ, **far_side_environment(self.loopback.runtime),
+                "PDSH_SSH_ARGS": f"-F {self.loopback.config} %h"}
 
     def width(self) -> int:
         return len(str(self.targets)) if self.targets >= 1000 else 3
@@ -293,7 +295,7 @@ class Setup:
                     "--", *self.command]
         assert self.pdsh is not None
         last = f"{self.targets:0{self.width()}d}"
-        module = "exec" if self.ssh_config is None else "ssh"
+        module = "exec" if self.loopback is None else "ssh"
         return [self.pdsh, "-S", "-R", module, "-f", str(self.parallel),
                 "-w", f"host[{1:0{self.width()}d}-{last}]", *self.command]
 
@@ -454,21 +456,31 @@ def local_output(command: list[str]) -> list[bytes]:
     return lines
 
 
+@dataclass(frozen=True)
+class Loopback:
+    """A loopback sshd of this run: how to reach it, and the warm server beside it."""
+
+    config: Path  # the ssh client configuration reaching it under any host name
+    runtime: str | None  # the runtime directory of the warm server (this machine's), if warm
+
+
 @contextlib.contextmanager
-def loopback_sshd(directory: Path, warm: bool = False) -> Iterator[Path]:
-    """A real sshd on 127.0.0.1 for the run; yields the client configuration reaching it.
-    Its logins' `serve --stdio` reach a warm far side started here first (``warm``, as on a
-    host where an earlier connection started one), or none."""
+def loopback_sshd(directory: Path, warm: bool = False) -> Iterator[Loopback]:
+    """A real sshd on 127.0.0.1 for the run. Its logins' `serve --stdio` reach a warm
+    server started here first (``warm``, as on a host where an earlier connection started
+    one), or none. Their HOME is ``directory``: the user's own shell start-up files (a
+    pyenv's rehash racing 32 logins in ~/.pyenv) stay out of both tools' stderr."""
     from .peers import OpenSSHSystem
 
     with contextlib.ExitStack() as stack:
         runtime = stack.enter_context(warm_far_side(str(directory))) if warm else None
-        sshd = OpenSSHSystem(str(directory), far_side_environment(runtime))
+        sshd = OpenSSHSystem(str(directory),
+                             {**far_side_environment(runtime), "HOME": str(directory)})
         if (reason := sshd.unavailable()) is not None:
             raise BenchmarkFailed(reason)
         sshd.start()
         stack.callback(sshd.stop)
-        yield sshd.client_config
+        yield Loopback(sshd.client_config, runtime)
 
 
 def run_once(tool: str, targets: int, parallel: int, workdir: str,
@@ -484,10 +496,10 @@ def run_once(tool: str, targets: int, parallel: int, workdir: str,
         if ttyserve is None:
             raise BenchmarkFailed("no ttyserve next to this Python or on PATH")
         with contextlib.ExitStack() as stack:
-            config = (stack.enter_context(loopback_sshd(directory, warm)) if over == "ssh"
-                      else None)
+            loopback = (stack.enter_context(loopback_sshd(directory, warm)) if over == "ssh"
+                        else None)
             setup = Setup(directory, targets, parallel, argv, ttyserve, shutil.which("pdsh"),
-                          local_output(argv), config)
+                          local_output(argv), loopback)
             stdout, stderr = directory / "out", directory / "err"
             run = measure(setup.argv(tool), stdout, stderr, 60.0 + targets, setup.environment())
         check(setup, tool, run, stdout, stderr)
@@ -580,6 +592,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ["TTYSERVE_WARM"] = "0"  # no warm server left behind (--warm starts its own)
     ttyserve = args.ttyserve or ttyserve_script() or "ttyserve (none beside this Python)"
     if not os.access(ttyserve, os.X_OK):
         say(f"no ttyserve at {ttyserve}: install the project (make bench) or pass --ttyserve")
@@ -598,10 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[float]]] = {}
     stack = contextlib.ExitStack()
     try:
-        config = (stack.enter_context(loopback_sshd(workdir, args.warm)) if args.over == "ssh"
-                  else None)
+        loopback = (stack.enter_context(loopback_sshd(workdir, args.warm))
+                    if args.over == "ssh" else None)
         setup = Setup(workdir, args.targets, args.parallel, command, ttyserve, pdsh,
-                      local_output(command), config)
+                      local_output(command), loopback)
         tools = [tool for tool in TOOLS if tool != "pdsh" or pdsh]
         if pdsh is None:
             say("pdsh is not installed (apt-get install pdsh): measuring ttyserve alone")

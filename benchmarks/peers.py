@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import procs
 from .systems import (
@@ -35,6 +35,9 @@ from .systems import (
     now,
     timed_subprocess,
 )
+
+if TYPE_CHECKING:
+    from .fanout import Loopback
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 20.0
@@ -413,8 +416,9 @@ class OpenSSHSystem(System):
     def exec_command(self, argv: list[str], transport: str) -> list[str]:
         return self._ssh(argv, pty=False)
 
-    def one_target(self, argv: list[str], config: Path) -> float:
-        return timed_subprocess(["ssh", "-F", str(config), "host001", shlex.join(argv)]).seconds
+    def one_target(self, argv: list[str], loopback: Loopback) -> float:
+        return timed_subprocess(["ssh", "-F", str(loopback.config), "host001",
+                                 shlex.join(argv)]).seconds
 
     def cpu_pids(self) -> list[int]:
         return []  # per-connection sshd processes are gone (and reaped) before we can read them

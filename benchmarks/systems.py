@@ -26,8 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import procs
 from .procs import Usage
@@ -39,6 +38,9 @@ from .server import (
     ttyserve_script,
 )
 from .wire import WireSession
+
+if TYPE_CHECKING:
+    from .fanout import Loopback
 
 try:
     from ttyserve.errors import SessionDetached
@@ -190,8 +192,8 @@ class System:
         directory ``warm`` if given."""
         raise NotApplicable
 
-    def one_target(self, argv: list[str], config: Path) -> float:
-        """Seconds to run ``argv`` on one host through the sshd ``config`` reaches."""
+    def one_target(self, argv: list[str], loopback: Loopback) -> float:
+        """Seconds to run ``argv`` on one host through the loopback sshd."""
         raise NotApplicable
 
     def scale_pipes(self, connections: int, per_connection: int, rounds: int,
@@ -402,12 +404,14 @@ class TtyserveSystem(System):
         finally:
             child.wait()
 
-    def one_target(self, argv: list[str], config: Path) -> float:
+    def one_target(self, argv: list[str], loopback: Loopback) -> float:
         script = ttyserve_script()  # both the client and the far side's --remote-command
         if script is None:
             raise NotApplicable
-        return timed_subprocess([script, "exec", "--connect", f"via:ssh -F {config} host001",
-                                 "--remote-command", script, "--", *argv]).seconds
+        return timed_subprocess(
+            [script, "exec", "--connect", f"via:ssh -F {loopback.config} host001",
+             "--remote-command", script, "--", *argv],
+            {**os.environ, **far_side_environment(loopback.runtime)}).seconds
 
     def sessions_one_connection(self, argv: list[str], count: int, transport: str
                                 ) -> SessionRun:

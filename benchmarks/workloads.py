@@ -350,14 +350,14 @@ def measure_fanout_ssh(system: System, ctx: Context) -> dict[str, float]:
 
 def measure_one_target(system: System, ctx: Context) -> dict[str, float]:
     """`true` on one host through a loopback sshd started for the repetition (not timed),
-    with a warm far side there and with none."""
+    with a warm server there (reached by the client and the far side alike) and with none."""
     from .fanout import loopback_sshd
 
     values: dict[str, float] = {}
     for key, warm in (("wall_ms", True), ("cold_ms", False)):
         with tempfile.TemporaryDirectory(dir=ctx.workdir) as directory, \
-                loopback_sshd(Path(directory), warm) as config:
-            walls = sorted(system.one_target(["true"], config) for _ in range(STARTUP_RUNS))
+                loopback_sshd(Path(directory), warm) as loopback:
+            walls = sorted(system.one_target(["true"], loopback) for _ in range(STARTUP_RUNS))
         values[key] = walls[len(walls) // 2] * 1e3
     return values
 
