@@ -209,6 +209,13 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     import socket
     import time
 
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:  # first: the many far sides of a fan-out may each start one, and all but one end here
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        return 0
     from .main import build_parser
     from .main import main as full_main
 
@@ -217,13 +224,6 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     for command in ("serve", "exec"):
         build_parser(command)  # each child parses its command line with it: built once, here
     os.chdir("/")  # holds no directory of the stub that started it (each child takes its own)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock)
-        return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if os.path.exists(path):
         os.unlink(path)  # ours to replace: we hold the lock, so its server is gone
@@ -289,8 +289,8 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
                 os.umask(umask)
                 sys.argv = ["ttyserve", *args]
                 full_main(args)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
+            except SystemExit as exc:  # (sys.exit() is 0, sys.exit("text") 1)
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             except BaseException:
                 import traceback
 

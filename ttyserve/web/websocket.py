@@ -54,7 +54,6 @@ class WebSocketTransport:
         self._tail = bytearray()  # what was given to send past the last whole frame
         self._ready: list[bytes] = []
         self._pending = list(frames)  # frames that came with the handshake's answer
-        self._text = False  # the message going on is a text one (its continuations too)
         self._ended = False
         self._misuse: RemoteProtocolError | None = None
         self._closing: bytes | None = None  # the framing broke: the close the library chose,
@@ -109,8 +108,7 @@ class WebSocketTransport:
             if not isinstance(event, Frame):
                 continue
             opcode = event.opcode
-            if opcode is Opcode.TEXT or (opcode is Opcode.CONT and self._text):
-                self._text = not event.fin
+            if opcode is Opcode.TEXT:  # (its continuations are never looked at: see above)
                 self._misused("a text WebSocket message (frames go in binary ones)")
             elif opcode is Opcode.BINARY or opcode is Opcode.CONT:
                 self._incoming.feed(event.data)
