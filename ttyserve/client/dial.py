@@ -59,7 +59,7 @@ async def open_transport(address: Address, tls: ssl.SSLContext | None = None) ->
         if not address.web:
             return StreamTransport(stream)
         try:
-            from ..web.websocket import open_client  # h11 and wsproto only for ws: and wss:
+            from ..web.websocket import open_client  # h11 and websockets only for ws: and wss:
 
             return await open_client(stream, address.netloc)
         except BaseException:
