@@ -33,7 +33,7 @@ from ..version import __version__
 
 WARM_ENV = "TTYSERVE_WARM"  # "0": neither use nor start a warm server
 MAGIC = b"ttyserve-warm-1"  # the request's first field: the stub and server speak one format
-FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGTERM)  # the stub passes these on
+FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM)  # passed on
 REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
 HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
 STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
@@ -92,7 +92,19 @@ def eligible(args: list[str]) -> bool:
         return False
     if args[:1] == ["serve"]:
         return "--stdio" in flags and "--persist" not in flags
-    return args[:1] == ["exec"] and "-t" not in flags and not os.isatty(0)
+    return (args[:1] == ["exec"] and "-t" not in flags and not os.isatty(0)
+            and not _has_terminal())
+
+
+def _has_terminal() -> bool:
+    """Whether this process has a controlling terminal (where ssh asks for a password or a
+    host key): the warm child, in a session of its own, would have none."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def handed_over(args: list[str]) -> int | None:
@@ -115,7 +127,11 @@ def handed_over(args: list[str]) -> int | None:
 
 
 def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
-    fields = [MAGIC, os.getcwd().encode(), b"%d" % _umask(), b"%d" % len(args),
+    try:
+        cwd = os.getcwdb()
+    except OSError:  # gone: the command says so itself, as it would have without us
+        return None
+    fields = [MAGIC, cwd, b"%d" % _umask(), b"%d" % len(args),
               *(os.fsencode(arg) for arg in args),
               *(key + b"=" + value for key, value in os.environb.items())]
     request = b"\0".join(fields)
@@ -172,8 +188,12 @@ def _start_warm_server(path: str) -> None:
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not os.path.isdir(directory):
+            _say(f"{directory} is not a directory of ours with mode 0700: none started")
+            return
         log = os.open(os.path.join(directory, "ttyserve-warm.log"),
-                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         _say(f"cannot start one in {directory}: {exc.strerror}")
         return
@@ -188,7 +208,8 @@ def _start_warm_server(path: str) -> None:
                     os.dup2(null, 1)
                     os.dup2(log, 2)
                     os.closerange(3, 65536)
-                    os.execv(sys.executable, [sys.executable, "-m", "ttyserve.cli.warm", path])
+                    os.execv(sys.executable,  # -P: our cwd is not on its import path
+                             [sys.executable, "-P", "-m", "ttyserve.cli.warm", path])
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
@@ -210,7 +231,8 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     import time
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                   0o600)
     try:  # first: the many far sides of a fan-out may each start one, and all but one end here
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -240,8 +262,9 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)  # through the `finally` below: the socket goes with us
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    for signum in stopping:
+        signal.signal(signum, stop)
     sys.stdout.write(f"listening {path}\n")  # (to /dev/null when a stub started it)
     sys.stdout.flush()
     selector = selectors.DefaultSelector()
@@ -271,12 +294,16 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
         fds, args, env, cwd, umask = request
         sys.stdout.flush()
         sys.stderr.flush()
+        # No stop() between the fork and the stub's answer, in either process: the stub
+        # must never run the command itself while a child runs it too.
+        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 close_all()
                 stub.close()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
                 os.setsid()
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
@@ -296,9 +323,11 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
 
                 traceback.print_exc()
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                try:  # nothing raised here may reach the warm server's own `finally`
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
         for fd in fds:
             os.close(fd)
         try:
@@ -307,6 +336,7 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
             os.kill(pid, signal.SIGTERM)  # its stub is gone already
         children[pid] = stub
         selector.register(stub, selectors.EVENT_READ, pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
 
     def reap() -> None:
         nonlocal quiet_since

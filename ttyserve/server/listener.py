@@ -359,7 +359,8 @@ class Server:
         if self._web is None:
             from ..web.http import FrontDoor  # h11 and websockets: not for a start without ws:
 
-            self._web = FrontDoor(self.settings.allowed_origins)
+            self._web = FrontDoor(self.settings.allowed_origins,
+                                  max_frame=self.settings.max_frame)
         return self._web
 
 

@@ -25,6 +25,7 @@ from websockets.server import ServerProtocol
 
 from ..addresses import Address, is_loopback
 from ..defaults import HTTP_RECEIVE, WEBSOCKET_MAX_MESSAGE
+from ..protocol.frames import DEFAULT_MAX_FRAME, HEADER_SIZE
 from ..transport.streams import close_gracefully
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
@@ -102,9 +103,11 @@ class FrontDoor:
     """
 
     def __init__(self, allowed_origins: frozenset[str], assets: dict[str, Asset] | None = None,
-                 ) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.allowed_origins = allowed_origins
         self.assets = load_assets() if assets is None else assets
+        # The largest WebSocket frame taken (it is read whole): a batch of two whole frames.
+        self.max_message = max(WEBSOCKET_MAX_MESSAGE, 2 * (max_frame + HEADER_SIZE))
 
     async def serve(self, stream: anyio.abc.ByteStream, peer: object, listener: Address,
                     ) -> WebSocketTransport | None:
@@ -197,7 +200,7 @@ class FrontDoor:
         while conn.next_event() not in (h11.PAUSED, h11.NEED_DATA):
             pass  # to the end of the upgrade request: what follows is WebSocket data
         await stream.send(response.serialize())
-        ws = ServerProtocol(state=State.OPEN, max_size=WEBSOCKET_MAX_MESSAGE)  # frames from here
+        ws = ServerProtocol(state=State.OPEN, max_size=self.max_message)  # frames from here
         return WebSocketTransport(stream, ws, received=conn.trailing_data[0])
 
 

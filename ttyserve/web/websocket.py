@@ -162,22 +162,28 @@ class WebSocketTransport:
             if self._tail:
                 message = memoryview(bytes(self._tail) + message)
             self._tail[:] = memoryview(buffer)[end:]
-            if self._closing is not None:  # the last words before the held-back close
-                await self._send(Frame(Opcode.BINARY, bytes(message)).serialize(
-                    mask=self._ws.side is Side.CLIENT))
-                continue
-            try:
-                self._ws.send_binary(message)  # one copy, into the framed (and masked) message
-            except InvalidState as exc:  # closing or closed: nothing more can be sent
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            await self._flush()
+            async with self._send_lock:  # framed and sent in the order framed
+                if self._closing == b"":
+                    raise anyio.BrokenResourceError("the WebSocket was closed")
+                if self._closing is not None:  # the last words before the held-back close
+                    data = Frame(Opcode.BINARY, bytes(message)).serialize(
+                        mask=self._ws.side is Side.CLIENT)
+                else:
+                    try:
+                        self._ws.send_binary(message)  # one copy, into the framed message
+                    except InvalidState as exc:  # closing or closed: nothing more can go
+                        raise anyio.BrokenResourceError(str(exc)) from exc
+                    data = b"".join(self._ws.data_to_send())
+                if data:
+                    await self._send_locked(data)
         return size
 
     async def send_eof(self, protocol_error: bool = False) -> None:
         """Begin the closing handshake: 1000, or 1002 after a protocol error."""
-        if self._closing:
+        if self._closing is not None:
             closing, self._closing = self._closing, b""
-            await self._send(closing)
+            if closing:
+                await self._send(closing)
         elif self._ws.state is State.OPEN:
             self._ws.send_close(CloseCode.PROTOCOL_ERROR if protocol_error
                                 else CloseCode.NORMAL_CLOSURE)
