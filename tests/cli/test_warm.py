@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -338,5 +339,38 @@ def test_exec_with_a_terminal_on_stdin_is_not_handed_over(
                 assert not children_of(warm.pid)
                 assert stub.wait(20) == 5
         finally:
+            os.close(master)
+            os.close(slave)
+
+
+
+def test_exec_with_a_controlling_terminal_is_not_handed_over(
+        server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh asks for passwords and host keys on the controlling terminal, which a warm child
+    (in a session of its own) would not have: with one, even with stdin a pipe, exec runs
+    where it was started. (`setsid -c` makes the PTY on its stdin the controlling one.)"""
+    with start_warm_server(short_dir, monkeypatch) as warm:
+        master, slave = os.openpty()
+        fifo = short_dir / "stdin"
+        os.mkfifo(fifo)
+        command = shlex.join([sys.executable, "-m", "ttyserve", "exec", "--connect",
+                              server_process.addresses[0], "--", SH, "-c",
+                              "echo up; read line; exit 4"])
+        stub = subprocess.Popen(["setsid", "-c", SH, "-c", f"exec {command} < {fifo}"],
+                                stdin=slave, stdout=subprocess.PIPE)
+        try:
+            with open(fifo, "wb", buffering=0) as feed:  # (opened once the shell reads it)
+                assert stub.stdout is not None
+                assert stub.stdout.readline() == b"up\n"
+                assert not children_of(warm.pid)
+                feed.write(b"go\n")
+            assert stub.wait(20) == 4
+        finally:
+            if stub.poll() is None:
+                stub.kill()
+            stub.wait()
+            assert stub.stdout is not None
+            stub.stdout.close()
             os.close(master)
             os.close(slave)

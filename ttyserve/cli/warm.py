@@ -45,9 +45,13 @@ PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserv
 
 
 def code_digest() -> str:
-    """Names this installation: the interpreter, the version, each module's size and mtime."""
+    """Names this installation: the interpreter, the version, each module's size and mtime,
+    and the site-packages directories' mtimes (which every install or upgrade changes)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     crc = zlib.crc32(f"{sys.executable}\0{__version__}".encode())
+    for entry in sys.path:
+        if entry.endswith("-packages") and os.path.isdir(entry):
+            crc = zlib.crc32(f"{entry}\0{os.stat(entry).st_mtime_ns}\0".encode(), crc)
     for directory, _, files in sorted(os.walk(package)):
         for name in sorted(files):
             if name.endswith(".py"):
