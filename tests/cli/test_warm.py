@@ -374,3 +374,23 @@ def test_exec_with_a_controlling_terminal_is_not_handed_over(
             stub.stdout.close()
             os.close(master)
             os.close(slave)
+
+
+def test_a_stopped_warm_server_lets_its_commands_finish(
+        server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM to a warm server with a command running: it takes no new one (its socket is
+    gone), the running one finishes and its caller hears its status, then it ends."""
+    with start_warm_server(short_dir, monkeypatch) as warm, \
+            exec_stub(server_process, SH, "-c", "cat; exit 6") as stub:
+        assert stub.stdin is not None and stub.stdout is not None
+        stub.stdin.write(b"before\n")
+        stub.stdin.flush()
+        assert stub.stdout.readline() == b"before\n"
+        warm.terminate()
+        stub.stdin.write(b"after\n")
+        stub.stdin.flush()
+        assert stub.stdout.readline() == b"after\n"
+        stub.stdin.close()
+        assert stub.wait(20) == 6  # its status came back: the warm server outlived the command
+        assert warm.wait(20) == 0

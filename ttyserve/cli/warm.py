@@ -263,8 +263,13 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
                 for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
+    ending = False  # told to stop: no new commands; those running finish and hear back
+
     def stop(signum: int, frame: object) -> None:
-        raise SystemExit(0)  # through the `finally` below: the socket goes with us
+        nonlocal ending
+        if ending or not children:
+            raise SystemExit(0)  # through the `finally` below: the socket goes with us
+        ending = True
 
     stopping = {signal.SIGTERM, signal.SIGINT}
     for signum in stopping:
@@ -366,8 +371,12 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
 
     try:
         while True:
+            if ending and listener.fileno() != -1:
+                selector.unregister(listener)
+                listener.close()
+                os.unlink(path)  # meanwhile new commands run by themselves, not queued here
             timeout = None if children else quiet_since + idle - time.monotonic()
-            if timeout is not None and timeout <= 0:
+            if (timeout is not None and timeout <= 0) or (ending and not children):
                 return 0
             for key, _ in selector.select(timeout):
                 if key.fileobj is listener:
