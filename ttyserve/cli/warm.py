@@ -347,6 +347,14 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
         selector.register(stub, selectors.EVENT_READ, pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
 
+    def remove_socket() -> None:
+        """The socket's file, if it is still the one bound here."""
+        try:
+            if os.stat(path).st_ino == bound:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+
     def reap() -> None:
         nonlocal quiet_since
         while children:
@@ -374,7 +382,7 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
             if ending and listener.fileno() != -1:
                 selector.unregister(listener)
                 listener.close()
-                os.unlink(path)  # meanwhile new commands run by themselves, not queued here
+                remove_socket()  # meanwhile new commands run by themselves, not queued here
             timeout = None if children else quiet_since + idle - time.monotonic()
             if (timeout is not None and timeout <= 0) or (ending and not children):
                 return 0
@@ -394,8 +402,7 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
                     os.kill(key.data, signal.SIGTERM)
             reap()
     finally:
-        if os.path.exists(path) and os.stat(path).st_ino == bound:
-            os.unlink(path)
+        remove_socket()
         close_all()
 
 
