@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Protocol
 from ..protocol.frames import FrameKind
 from ..protocol.messages import WRITER, Attached, Exit, Offsets, Role
 from ..transport.streams import Buffer
+from .scrollback import Chunk
 
 if TYPE_CHECKING:
     from .observer import Observer
     from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
-Chunks = collections.deque[tuple[FrameKind, Buffer]]
+Chunks = collections.deque[Chunk]  # as the ring keeps them (scrollback.add_chunk)
 
 
-def take(chunks: Chunks, limit: int) -> tuple[FrameKind, Buffer]:
+def take(chunks: Chunks, limit: int) -> Chunk:
     """The first ``limit`` bytes at most of the first chunk, taken off (a view: no copy)."""
     kind, data = chunks[0]
     if len(data) > limit:

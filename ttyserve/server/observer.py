@@ -22,7 +22,7 @@ from ..defaults import REDRAW_INTERVAL
 from ..protocol.frames import FrameKind
 from ..protocol.messages import OBSERVER, Attached, Exit, Offsets
 from .attachment import ChannelHost, Chunks, SessionChannel, take
-from .scrollback import CHUNK_COST, COALESCE
+from .scrollback import CHUNK_COST, add_chunk
 
 if TYPE_CHECKING:
     from .session import ServerSession
@@ -88,18 +88,7 @@ class Observer(SessionChannel):
             self._parked = True
 
     def _add(self, kind: FrameKind, data: bytes) -> None:
-        backlog = self.backlog
-        last = backlog[-1] if backlog else None
-        if (last is not None and last[0] is kind and isinstance(last[1], bytearray)
-                and len(last[1]) + len(data) <= COALESCE):
-            last[1].extend(data)  # (a bytearray of its own: nothing else holds it)
-            self._held += len(data)
-        elif len(data) < COALESCE:
-            backlog.append((kind, bytearray(data)))
-            self._held += len(data) + CHUNK_COST
-        else:
-            backlog.append((kind, data))
-            self._held += len(data) + CHUNK_COST
+        self._held += add_chunk(self.backlog, kind, data)
 
     def finish(self, status: Exit) -> None:
         """The session is over: ``status`` is this channel's last frame, after the backlog."""

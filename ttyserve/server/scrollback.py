@@ -21,8 +21,32 @@ from ..defaults import OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
 
 CHUNK_COST = 64  # bytes a chunk counts beyond its data (the deque entry and the bytes object)
-COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this
+_COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this
 PIECE = OUTPUT_CHUNK  # large chunks are kept in pieces of at most one read
+
+
+Chunk = tuple[FrameKind, bytes | bytearray | memoryview]
+
+
+def add_chunk(chunks: collections.deque[Chunk], kind: FrameKind, data: bytes) -> int:
+    """Append ``data`` as the ring keeps output (small writes of one stream joined into the
+    last chunk, large ones in pieces of at most PIECE); the bytes it counts for (its data,
+    and CHUNK_COST for each chunk it added). The ring and each observer's backlog count so.
+    """
+    last = chunks[-1] if chunks else None
+    if (last is not None and last[0] is kind and len(last[1]) + len(data) <= _COALESCE
+            and isinstance(last[1], bytearray)):
+        last[1].extend(data)  # (a bytearray of its own: nothing else holds it)
+        return len(data)
+    if len(data) < _COALESCE:
+        chunks.append((kind, bytearray(data)))  # small: more may be joined to it
+        return len(data) + CHUNK_COST
+    cost = 0
+    for start in range(0, len(data), PIECE):  # a trimmed head (a view) never holds much more
+        piece = data[start:start + PIECE]  # than it counts (a whole read: the same object)
+        chunks.append((kind, piece))
+        cost += len(piece) + CHUNK_COST
+    return cost
 
 
 class OffsetBeyondOutput(ValueError):
@@ -38,8 +62,7 @@ class Scrollback:
         # Per stream: the offset of the ring's oldest byte, and of the next byte produced.
         self.start = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
         self.end = {FrameKind.STDOUT: 0, FrameKind.STDERR: 0}
-        self._chunks: collections.deque[tuple[FrameKind, bytes | bytearray | memoryview]] = (
-            collections.deque())
+        self._chunks: collections.deque[Chunk] = collections.deque()
         self._used = 0
 
     @classmethod
@@ -62,19 +85,7 @@ class Scrollback:
         if not data:
             return
         self.end[kind] += len(data)
-        last = self._chunks[-1] if self._chunks else None
-        if (last is not None and last[0] is kind and len(last[1]) + len(data) <= COALESCE
-                and isinstance(last[1], bytearray)):
-            last[1].extend(data)
-            self._used += len(data)
-        elif len(data) < COALESCE:
-            self._chunks.append((kind, bytearray(data)))  # small: more may be joined to it
-            self._used += len(data) + CHUNK_COST
-        else:  # in pieces, so a trimmed head (a view) never holds much more than it counts
-            for start in range(0, len(data), PIECE):
-                piece = data[start:start + PIECE]
-                self._chunks.append((kind, piece))
-                self._used += len(piece) + CHUNK_COST
+        self._used += add_chunk(self._chunks, kind, data)
         self._trim()
 
     def _trim(self) -> None:
