@@ -418,6 +418,16 @@ def stop_warm_servers(runtime: Path) -> int:
     return stopped
 
 
+def warm_runtime(directory: Path, monkeypatch: Any) -> Path:
+    """A runtime directory ``directory``/rt (made if need be), the test's commands to look for
+    a warm server there (TTYSERVE_WARM=1)."""
+    runtime = directory / "rt"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TTYSERVE_WARM", "1")
+    return runtime
+
+
 @contextlib.contextmanager
 def start_warm_server(directory: Path, monkeypatch: Any, idle: float = 120
                       ) -> Iterator[subprocess.Popen[bytes]]:
@@ -425,10 +435,7 @@ def start_warm_server(directory: Path, monkeypatch: Any, idle: float = 120
     which the test's `serve --stdio` (TTYSERVE_WARM=1) reaches; stopped after the test."""
     from ttyserve.cli.warm import warm_socket_path
 
-    runtime = directory / "rt"
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    monkeypatch.setenv("TTYSERVE_WARM", "1")
+    warm_runtime(directory, monkeypatch)
     path = warm_socket_path()
     process = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, str(idle)],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from helpers import (
     SH,
-    RawPeer,
     ServerProcess,
+    StdioServer,
     children_of,
     ctrl,
     server_pid,
@@ -29,11 +29,12 @@ from helpers import (
     stdio_server,
     stop_warm_servers,
     wait_until,
+    warm_runtime,
 )
 
 from ttyserve.cli.warm import warm_socket_path
-from ttyserve.exitcodes import ServeExit
-from ttyserve.protocol.frames import Frame, FrameKind
+from ttyserve.exitcodes import ExecExit, ServeExit
+from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open
 
 pytestmark = pytest.mark.timeout(60)
@@ -51,26 +52,31 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-async def opened_pid(frames: list[Frame], peer: RawPeer) -> int:
-    """Read frames until channel 1's `opened`; its pid."""
+async def opened(server: StdioServer, script: str) -> int:
+    """Open ``script`` (sh -c, pipes) on a single-session connection; its process's pid."""
+    await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+        argv=[SH, "-c", script], pty=False)))
     while True:
-        frame = await peer.next_frame()
+        frame = await server.peer.next_frame()
         assert frame is not None, "closed before `opened`"
-        frames.append(frame)
         if frame.kind is FrameKind.CTRL_OUT and frame.channel == 1:
             message = split_output([frame])[2][0]
             assert message["type"] == "opened", message
             return int(str(message["pid"]))
 
 
+async def ended_by_eof(server: StdioServer) -> None:
+    """stdin's end: the connection ends, and so does the server, exiting 0."""
+    await server.peer.transport.send_eof()
+    await server.peer.frames_until_eof()
+    assert await server.exit_code() == ServeExit.OK
+
+
 @pytest.fixture
 def runtime(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A runtime directory of the test's own, the warm far side allowed; warm servers the
     test's stubs start there are stopped after it."""
-    directory = short_dir / "rt"
-    directory.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
-    monkeypatch.setenv("TTYSERVE_WARM", "1")
+    directory = warm_runtime(short_dir, monkeypatch)
     yield directory
     stop_warm_servers(directory)
 
@@ -81,10 +87,7 @@ async def test_the_server_is_a_child_of_the_warm_server_with_the_stubs_env_cwd_a
     with start_warm_server(short_dir, monkeypatch) as warm:
         async with stdio_server(env={"WARM_TEST": "from the stub"}, cwd=tmp_path,
                                 umask=0o027) as server:
-            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-                argv=[SH, "-c", 'echo "$WARM_TEST"; pwd; umask; exec cat'], pty=False)))
-            frames: list[Frame] = []
-            pid = await opened_pid(frames, server.peer)
+            pid = await opened(server, 'echo "$WARM_TEST"; pwd; umask; exec cat')
             served_by = parent_of(pid)
             assert served_by != server.process.pid
             assert parent_of(served_by) == warm.pid
@@ -95,9 +98,7 @@ async def test_the_server_is_a_child_of_the_warm_server_with_the_stubs_env_cwd_a
                 if frame.kind is FrameKind.STDOUT:
                     output += frame.payload
             assert output.decode().splitlines() == ["from the stub", str(tmp_path), "0027"]
-            await server.peer.transport.send_eof()
-            await server.peer.frames_until_eof()
-            assert await server.exit_code() == ServeExit.OK
+            await ended_by_eof(server)
             assert not alive(pid) and not alive(served_by)
 
 
@@ -106,9 +107,7 @@ async def test_a_signal_to_the_stub_reaches_its_server(
         short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with start_warm_server(short_dir, monkeypatch):
         async with stdio_server() as server:
-            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-                argv=[SH, "-c", "exec cat"], pty=False)))
-            pid = await opened_pid([], server.peer)
+            pid = await opened(server, "exec cat")
             server.process.send_signal(signal.SIGTERM)
             rest = await server.peer.frames_until_eof()  # a graceful shutdown: the exit
             ending = split_output(rest)[2]
@@ -123,9 +122,7 @@ async def test_a_killed_stub_ends_its_server_and_its_sessions(
         short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with start_warm_server(short_dir, monkeypatch):
         async with stdio_server() as server:
-            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-                argv=[SH, "-c", "exec sleep 600"], pty=False)))
-            pid = await opened_pid([], server.peer)
+            pid = await opened(server, "exec sleep 600")
             served_by = parent_of(pid)
             server.process.kill()
             rest = await server.peer.frames_until_eof()
@@ -137,24 +134,16 @@ async def test_a_killed_stub_ends_its_server_and_its_sessions(
 async def test_with_none_answering_it_serves_alone_and_starts_one(runtime: Path) -> None:
     path = warm_socket_path()
     async with stdio_server() as server:
-        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-            argv=[SH, "-c", "exec cat"], pty=False)))
-        pid = await opened_pid([], server.peer)
+        pid = await opened(server, "exec cat")
         assert parent_of(pid) == server.process.pid  # served by the stub itself
-        await server.peer.transport.send_eof()
-        await server.peer.frames_until_eof()
-        assert await server.exit_code() == ServeExit.OK
+        await ended_by_eof(server)
     # (a socket that does not exist yet has no event to wait for)
     assert await wait_until(lambda: server_pid(Path(path)) is not None, 30)
     warm = server_pid(Path(path))
     async with stdio_server() as server:
-        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-            argv=[SH, "-c", "exec cat"], pty=False)))
-        pid = await opened_pid([], server.peer)
+        pid = await opened(server, "exec cat")
         assert parent_of(parent_of(pid)) == warm  # the next one is served warm
-        await server.peer.transport.send_eof()
-        await server.peer.frames_until_eof()
-        assert await server.exit_code() == ServeExit.OK
+        await ended_by_eof(server)
 
 
 @pytest.mark.asyncio
@@ -170,33 +159,15 @@ async def test_warm_off_neither_starts_one_nor_uses_one(
     with start_warm_server(short_dir, monkeypatch):
         monkeypatch.setenv("TTYSERVE_WARM", "0")
         async with stdio_server() as server:
-            await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
-                argv=[SH, "-c", "exec cat"], pty=False)))
-            pid = await opened_pid([], server.peer)
+            pid = await opened(server, "exec cat")
             assert parent_of(pid) == server.process.pid
-            await server.peer.transport.send_eof()
-            await server.peer.frames_until_eof()
+            await ended_by_eof(server)
 
 
 def test_an_idle_warm_server_ends_and_takes_its_socket(short_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = short_dir / "rt"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    path = warm_socket_path()
-    warm = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", path, "0.2"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
-        assert warm.stdout is not None
-        assert warm.stdout.readline() == f"listening {path}\n".encode()
+    with start_warm_server(short_dir, monkeypatch, idle=0.2) as warm:  # (it checks the socket)
         assert warm.wait(20) == 0
-    finally:
-        if warm.poll() is None:
-            warm.kill()
-        warm.wait()
-        assert warm.stdout is not None
-        warm.stdout.close()
-    assert not os.path.exists(path)
 
 
 def test_a_socket_another_user_serves_never_gets_the_descriptors(
@@ -394,3 +365,36 @@ def test_a_stopped_warm_server_lets_its_commands_finish(
         stub.stdin.close()
         assert stub.wait(20) == 6  # its status came back: the warm server outlived the command
         assert warm.wait(20) == 0
+
+
+def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_plus_n(
+        server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """exec's contract holds warm: a warm server killed under a command leaves its status
+    unknown (255, not 1, which would read as the remote's), and a warm child killed by a
+    signal is 128 + N, as a shell says it."""
+    warm_runtime(short_dir, monkeypatch)
+    warm = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", warm_socket_path()],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert warm.stdout is not None
+        assert warm.stdout.readline().startswith(b"listening ")
+        with exec_stub(server_process, SH, "-c", "echo up; exec cat") as stub:
+            assert stub.stdout is not None
+            assert stub.stdout.readline() == b"up\n"
+            (child,) = children_of(warm.pid)
+            os.kill(child, signal.SIGKILL)
+            assert stub.wait(20) == ExecExit.SIGNAL_BASE + signal.SIGKILL
+        with exec_stub(server_process, SH, "-c", "echo up; exec cat") as stub:
+            assert stub.stdout is not None
+            assert stub.stdout.readline() == b"up\n"
+            (child,) = children_of(warm.pid)
+            warm.kill()
+            assert stub.wait(20) == ExecExit.FAILURE
+            os.kill(child, signal.SIGTERM)  # (its exec, ours to end: the warm one is gone)
+    finally:
+        if warm.poll() is None:
+            warm.kill()
+        warm.wait()
+        assert warm.stdout is not None
+        warm.stdout.close()

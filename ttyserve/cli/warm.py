@@ -37,7 +37,7 @@ FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM)  
 REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
 HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
 STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
-ENDED = b"X"  # warm server -> stub: the child's status follows (4 bytes, signed: -N a signal)
+ENDED = b"X"  # warm server -> stub: the exit code to exit with follows (4 bytes)
 # What every child would import (or build) again, done once in the warm server:
 PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserve.server.config",
              "ttyserve.cli.serve", "ttyserve.cli.exec_direct", "ttyserve.cli.exec",
@@ -167,12 +167,11 @@ def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
         _signal.signal(signum, forward)
     ending = _receive_exactly(sock, 5)
     if len(ending) < 5 or ending[:1] != ENDED:
-        from ..exitcodes import ServeExit
+        from ..exitcodes import ExecExit, ServeExit
 
         _say(f"the warm server went away: the status of its child {child} is unknown")
-        return int(ServeExit.ERROR)
-    code = int.from_bytes(ending[1:], "big", signed=True)
-    return code if code >= 0 else 128 - code  # a signal's death, as a shell reports it
+        return int(ExecExit.FAILURE if args[0] == "exec" else ServeExit.ERROR)
+    return int.from_bytes(ending[1:], "big")
 
 
 def _umask() -> int:
@@ -242,6 +241,7 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     except BlockingIOError:
         os.close(lock)
         return 0
+    from ..exitcodes import ExecExit
     from .main import build_parser
     from .main import main as full_main
 
@@ -366,12 +366,14 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
                 return
             stub = children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
+            if code < 0:  # a death by a signal: as a shell says it, and exec a remote one
+                code = ExecExit.SIGNAL_BASE - code
             try:
                 selector.unregister(stub)
             except KeyError:
                 pass  # its stub had gone
             try:
-                stub.sendall(ENDED + code.to_bytes(4, "big", signed=True))
+                stub.sendall(ENDED + code.to_bytes(4, "big"))
             except OSError:
                 pass  # the stub was killed: nobody waits for the status
             stub.close()
