@@ -36,3 +36,14 @@ def test_once_the_typing_stops_the_reads_are_whole_again() -> None:
     typing.typed()
     clock.now += TYPING_WINDOW
     assert typing.limit(OUTPUT_CHUNK, 0.0) == OUTPUT_CHUNK
+
+
+def test_once_the_typing_stopped_the_output_pump_reads_no_clock() -> None:
+    """`limit` runs for every read of every session: with nobody typing it costs a check."""
+    clock = Clock()
+    typing = Typing(clock)
+    typing.typed()
+    clock.now += TYPING_WINDOW
+    assert typing.limit(OUTPUT_CHUNK, 0.0) == OUTPUT_CHUNK  # (this look finds it over)
+    clock.now = float("nan")  # a clock read from here on would break every comparison
+    assert typing.limit(OUTPUT_CHUNK, 0.0) == OUTPUT_CHUNK

@@ -35,8 +35,9 @@ class Typing:
     def limit(self, limit: int, typed_at: float) -> int:
         """What a session last typed into at ``typed_at`` may read of ``limit`` now."""
         if limit <= BULK_GRAIN or not self._until:
-            return limit
+            return limit  # (the output pump's path when nobody types: no clock read)
         now = self._clock()
-        if now >= self._until or now - typed_at < TYPING_WINDOW:
+        if now >= self._until:
+            self._until = 0.0
             return limit
-        return BULK_GRAIN
+        return limit if now - typed_at < TYPING_WINDOW else BULK_GRAIN
