@@ -4,12 +4,12 @@ backlog."""
 
 from __future__ import annotations
 
-from server.fakes import Wire, controls, make_session
+from server.fakes import FakeProcess, Wire, controls, make_session
 
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Offsets, Window, encode_message
 from ttyserve.server.observer import Observer
-from ttyserve.server.pump import Stall
+from ttyserve.server.pump import OutputPump, Stall
 
 RING = 4096  # make_session's scrollback: an observer's backlog holds no more
 
@@ -19,6 +19,14 @@ def _window(wire: Wire, channel: int, size: int) -> None:
     wire.core.receive_data(encode_frame(FrameKind.CTRL_IN, channel,
                                         encode_message(Window(bytes=size))))
     wire.core.next_event()
+
+
+def _close_output(process: FakeProcess, stdout: OutputPump, stderr: OutputPump) -> None:
+    """The process closes its stdout and stderr: both pumps read to their end."""
+    process.stdout.close()
+    assert process.stderr is not None
+    process.stderr.close()
+    assert stdout.step() is Stall.DONE and stderr.step() is Stall.DONE
 
 
 def test_a_stalled_observer_is_skipped_with_exact_offsets_on_both_streams() -> None:
@@ -71,10 +79,7 @@ def test_the_observers_exit_follows_its_backlog_and_the_process_never_waited() -
     observer = Observer.attach(wire, channel, session)
     process.stdout.write(b"x" * 100)
     assert stdout.step() is Stall.READABLE  # no writer: nothing waited for the observer
-    process.stdout.close()
-    assert process.stderr is not None
-    process.stderr.close()
-    assert stdout.step() is Stall.DONE and stderr.step() is Stall.DONE
+    _close_output(process, stdout, stderr)
     session.reaped(Exit(code=3))
     assert not wire.ended  # 84 bytes still wait for credit: no exit before them
     _window(wire, channel, 1000)
@@ -130,10 +135,7 @@ def test_a_parked_observer_gets_the_ring_then_skipped_then_the_exit() -> None:
     process.stdout.write(bytes(range(256)) * 64)  # 16 KiB: four scrollbacks
     while process.stdout.buffered:  # no writer: the pump reads all, never held by the observer
         assert stdout.step() is Stall.READABLE
-    process.stdout.close()
-    assert process.stderr is not None
-    process.stderr.close()
-    assert stdout.step() is Stall.DONE and stderr.step() is Stall.DONE
+    _close_output(process, stdout, stderr)
     session.reaped(Exit(code=0))
     assert not observer.backlog and not wire.ended  # parked, its exit waits for it
     _window(wire, channel, 1 << 20)
