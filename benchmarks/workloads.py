@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .procs import Usage, cpu_seconds, kill_group
 from .server import warm_far_side
-from .stats import Summary, number, percentile
+from .stats import Summary, median, number, percentile
 from .systems import NotApplicable, ScaleRun, System
 
 ECHO_ARGV = ["sh", "-c", "stty raw -echo && printf R && exec cat"]
@@ -317,16 +317,19 @@ def measure_scale_pipes(system: System, ctx: Context) -> dict[str, float]:
 STARTUP_RUNS = 7  # per repetition; the median is kept
 
 
+def median_ms(start: Callable[[], float]) -> float:
+    """The median of STARTUP_RUNS calls of ``start`` (seconds each), in ms."""
+    return median([start() for _ in range(STARTUP_RUNS)]) * 1e3
+
+
 def measure_startup(system: System, ctx: Context) -> dict[str, float]:
     """Cold (TTYSERVE_WARM=0, as every run has it), and for the CLI, with a warm server
     running (ttyserve/cli/warm.py: what a script's second `exec` finds)."""
     transport = "unix" if "unix" in system.transports else ctx.transport
-    walls = sorted(system.startup(transport) for _ in range(STARTUP_RUNS))
-    values = {"wall_ms": walls[len(walls) // 2] * 1e3}
+    values = {"wall_ms": median_ms(lambda: system.startup(transport))}
     if system.warm_starts:
         with warm_far_side(ctx.workdir) as runtime:
-            warm = sorted(system.warm_startup(transport, runtime) for _ in range(STARTUP_RUNS))
-        values["warm_ms"] = warm[len(warm) // 2] * 1e3
+            values["warm_ms"] = median_ms(lambda: system.warm_startup(transport, runtime))
     return values
 
 
@@ -357,19 +360,16 @@ def measure_one_target(system: System, ctx: Context) -> dict[str, float]:
     for key, warm in (("wall_ms", True), ("cold_ms", False)):
         with tempfile.TemporaryDirectory(dir=ctx.workdir) as directory, \
                 loopback_sshd(Path(directory), warm) as loopback:
-            walls = sorted(system.one_target(["true"], loopback) for _ in range(STARTUP_RUNS))
-        values[key] = walls[len(walls) // 2] * 1e3
+            values[key] = median_ms(lambda: system.one_target(["true"], loopback))
     return values
 
 
 def measure_stdio_start(system: System, ctx: Context) -> dict[str, float]:
     """With a warm far side running (as on a host a first connection started it), and with
     none (TTYSERVE_WARM=0: every start imports everything)."""
-    cold = sorted(system.stdio_start() for _ in range(STARTUP_RUNS))
+    cold = median_ms(system.stdio_start)
     with warm_far_side(ctx.workdir) as runtime:
-        warm = sorted(system.stdio_start(runtime) for _ in range(STARTUP_RUNS))
-    middle = STARTUP_RUNS // 2
-    return {"wall_ms": warm[middle] * 1e3, "cold_ms": cold[middle] * 1e3}
+        return {"wall_ms": median_ms(lambda: system.stdio_start(runtime)), "cold_ms": cold}
 
 
 # --- 9. Reattach -----------------------------------------------------------------------
