@@ -6,11 +6,7 @@ from __future__ import annotations
 import os
 
 
-def runtime_dir() -> str:
-    """`$XDG_RUNTIME_DIR`, else `/tmp/ttyserve-$UID`."""
-    return os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/ttyserve-{os.getuid()}"
-
-
 def runtime_path(name: str) -> str:
-    """``name`` in the runtime directory."""
-    return os.path.join(runtime_dir(), name)
+    """``name`` in the runtime directory: `$XDG_RUNTIME_DIR`, else `/tmp/ttyserve-$UID`."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/ttyserve-{os.getuid()}"
+    return os.path.join(runtime, name)

@@ -420,3 +420,18 @@ async def test_broken_websocket_framing_closes_with_1002_and_pings_are_answered(
         await stream.send(bytes([0x80 | 0x40 | 0x2, 0x80, 0, 0, 0, 0]))  # RSV1 set: invalid
         messages, code = await until_closed(stream, ws)
     assert messages[-1]["code"] == "protocol_error" and code == 1002
+
+
+@pytest.mark.asyncio
+async def test_a_websocket_frame_over_the_limit_is_refused_with_1009_before_it_is_read(
+        web_server: ServerProcess) -> None:
+    """A frame is read whole, so its size is bounded (4 MiB, or two of max_frame's frames):
+    one that says it holds more is refused by its header, its payload never awaited."""
+    stream, ws = await ws_client(web_server)
+    async with stream:
+        await stream.send(ws.send(BytesMessage(data=hello(token_of(web_server)))))
+        size = 5 << 20
+        await stream.send(bytes([0x82, 0x80 | 127]) + size.to_bytes(8, "big") + b"mask")
+        messages, code = await until_closed(stream, ws)
+    assert [m["type"] for m in messages] == ["welcome", "error"]
+    assert messages[-1]["code"] == "protocol_error" and code == 1009
