@@ -26,8 +26,8 @@ import sys
 import termios
 import time
 
+from ttyserve.defaults import OUTPUT_CHUNK as CHUNK  # the largest output frame
 from ttyserve.protocol.frames import HEADER, FrameKind
-from ttyserve.server.session import READ_SIZE as CHUNK  # the server's largest output frame
 
 from .stats import Summary, cell, number
 

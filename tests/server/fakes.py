@@ -192,6 +192,7 @@ class Wire:
     send_output_soon = send_output  # (what the core framed is read by `frames`)
 
     peer = "test"
+    splices = False  # (no socket: output is framed from what the pumps read)
 
     def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         self.core.attached(attachment.channel, answer)

@@ -3,6 +3,7 @@ of room and breakage, over a real socket pair."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 
@@ -10,6 +11,7 @@ import anyio
 import pytest
 
 from ttyserve.transport.outbox import Outbox
+from ttyserve.transport.splice import CAN_SPLICE, buffered
 from ttyserve.transport.streams import SocketTransport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(10)]
@@ -84,3 +86,101 @@ async def test_a_broken_connection_is_told_once_and_refuses_more(
         await outbox.wait_done()  # done at once: nothing more goes anywhere
         assert outbox.has_room  # so no producer waits on it
     assert broken == [True]
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    read, write = os.pipe()
+    try:
+        yield read, write
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not CAN_SPLICE, reason="splice(2) is Linux's")
+async def test_a_frame_the_socket_cannot_take_stays_in_its_pipe_until_it_is_spliced(
+        pair: tuple[socket.socket, socket.socket], pipe: tuple[int, int]) -> None:
+    """The socket is full: the header waits, the payload stays in the pipe (not read by us),
+    no room is counted meanwhile, and all of it goes out in order once the reader reads."""
+    ours, theirs = pair
+    read, write = pipe
+    rooms: list[bool] = []
+    outbox = Outbox(SocketTransport(ours), on_room=lambda: rooms.append(outbox.has_room))
+    fill(ours)
+    payload = bytes(range(256)) * 200
+    os.write(write, payload + b"next")
+    descriptors = open_descriptors()
+    async with anyio.create_task_group() as tg:
+        outbox.attach(tg)
+        outbox.push_from_pipe([b"HEADER"], read, len(payload))
+        assert buffered(read) == len(payload) + 4  # in flight: still in the pipe
+        assert not outbox.has_room and not rooms  # its pump must not read the pipe now
+        assert open_descriptors() == descriptors + 1  # the pipe's, held by the queue
+        received = await read_all_until(theirs, b"HEADER" + payload)
+        outbox.close()
+        await outbox.wait_done()
+    assert received.endswith(b"HEADER" + payload)
+    assert received.strip(b"f") == b"HEADER" + payload  # nothing between, nothing lost
+    assert rooms == [True]  # told once the pipe's bytes went
+    assert os.read(read, 100) == b"next"  # not one byte of what follows was taken
+    assert open_descriptors() == descriptors
+
+
+@pytest.mark.skipif(not CAN_SPLICE, reason="splice(2) is Linux's")
+async def test_a_frame_the_socket_takes_goes_whole_by_splice(
+        pair: tuple[socket.socket, socket.socket], pipe: tuple[int, int]) -> None:
+    ours, theirs = pair
+    read, write = pipe
+    outbox = Outbox(SocketTransport(ours))
+    os.write(write, b"p" * 30_000 + b"next")
+    async with anyio.create_task_group() as tg:
+        outbox.attach(tg)
+        outbox.push_from_pipe([b"HEADER"], read, 30_000)
+        assert outbox.idle and outbox.has_room  # nothing queued
+        assert await read_all(theirs, 30_006) == b"HEADER" + b"p" * 30_000
+        outbox.close()
+    assert os.read(read, 100) == b"next"
+
+
+@pytest.mark.skipif(not CAN_SPLICE, reason="splice(2) is Linux's")
+async def test_a_broken_connection_takes_its_frames_bytes_out_of_the_pipe(
+        pair: tuple[socket.socket, socket.socket], pipe: tuple[int, int]) -> None:
+    """In flight when the connection breaks: dropped from the pipe (never framed again by
+    its pump as new output), and the queue's descriptor closed."""
+    ours, _ = pair
+    read, write = pipe
+    outbox = Outbox(SocketTransport(ours))
+    fill(ours)
+    os.write(write, b"p" * 10_000 + b"next")
+    descriptors = open_descriptors()
+    async with anyio.create_task_group() as tg:
+        outbox.attach(tg)
+        outbox.push_from_pipe([b"HEADER"], read, 10_000)
+        assert buffered(read) == 10_004
+        outbox.abort()
+    assert os.read(read, 100) == b"next"
+    assert open_descriptors() == descriptors
+    with pytest.raises(anyio.BrokenResourceError):
+        outbox.push_from_pipe([b"HEADER"], read, 0)
+
+
+async def read_all_until(sock: socket.socket, tail: bytes) -> bytes:
+    data = b""
+    while not data.endswith(tail):
+        await anyio.wait_readable(sock)
+        data += sock.recv(1 << 20)
+    return data
+
+
+def fill(sock: socket.socket) -> None:
+    """Send until the socket takes no more."""
+    while True:
+        try:
+            sock.send(b"f" * 4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return

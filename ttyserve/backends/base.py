@@ -80,6 +80,20 @@ class OutputSource(Protocol):
         ...
 
 
+@runtime_checkable
+class PipeOutput(Protocol):
+    """An output stream read from a pipe, whose bytes may go on without being read (splice)."""
+
+    @property
+    def pipe(self) -> int | None:
+        """The pipe's descriptor; None where the stream is no pipe (a terminal)."""
+        ...
+
+    def buffered(self, limit: int) -> int:
+        """How many bytes the pipe holds now, ``limit`` at most."""
+        ...
+
+
 class ProcessHandle(Protocol):
     """A started process. The session adapter owns it and must call `aclose`."""
 

@@ -27,6 +27,7 @@ from ..errors import SpawnError
 from ..exitcodes import exit_from_wait_error, exit_from_wait_status
 from ..protocol.messages import Exit
 from ..transport.readiness import Watch, watch_readable
+from ..transport.splice import CAN_SPLICE, buffered
 from .base import ChildState, ProcessSpec
 from .cgroups import Containment, SessionCgroup
 from .groups import group_alive, signal_group
@@ -57,10 +58,11 @@ class FdSource:
     (the per-user pipe budget is counted in full pipe sizes).
     """
 
-    def __init__(self, fd: int, growable: bool = False) -> None:
+    def __init__(self, fd: int, pipe: bool = False) -> None:
         self.fd = fd
         self.eof = False
-        self._growable = growable and _CAN_GROW
+        self._pipe = pipe
+        self._growable = pipe and _CAN_GROW
 
     def _read(self, limit: int) -> bytes | None:
         """Up to ``limit`` bytes now; None when nothing is buffered."""
@@ -85,12 +87,25 @@ class FdSource:
         if not chunks:
             return b"" if self.eof else None
         if self._growable and size >= _PIPE_DEFAULT:
-            self._growable = False
-            try:
-                fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            except OSError:
-                pass  # over the user's pipe budget: keep the default size
+            self._grow()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _grow(self) -> None:
+        self._growable = False
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass  # over the user's pipe budget: keep the default size
+
+    @property
+    def pipe(self) -> int | None:
+        return self.fd if self._pipe and CAN_SPLICE else None
+
+    def buffered(self, limit: int) -> int:
+        size = buffered(self.fd)
+        if self._growable and size >= _PIPE_DEFAULT:
+            self._grow()
+        return min(size, limit)
 
     @property
     def at_eof(self) -> bool:
@@ -544,8 +559,8 @@ class ChildBackend(ABC):
                                        status=state.status)
         else:
             assert state.stderr is not None
-            process = self.pipe_process(state.pid, state.stdin, FdSource(state.output, True),
-                                        FdSource(state.stderr, True), self.live,
+            process = self.pipe_process(state.pid, state.stdin, FdSource(state.output, pipe=True),
+                                        FdSource(state.stderr, pipe=True), self.live,
                                         self._leader_reaped, sweep=self._sweep_orphans,
                                         watch=self.watch, status=state.status)
         if state.cgroup is not None and self.containment is not None:
@@ -570,8 +585,8 @@ class ChildBackend(ABC):
         _close_all(child_ends)
         for fd in (stdin_w, stdout_r, stderr_r):
             os.set_blocking(fd, False)
-        return self.pipe_process(pid, stdin_w, FdSource(stdout_r, growable=True),
-                                 FdSource(stderr_r, growable=True), self.live, self._leader_reaped,
+        return self.pipe_process(pid, stdin_w, FdSource(stdout_r, pipe=True),
+                                 FdSource(stderr_r, pipe=True), self.live, self._leader_reaped,
                                  sweep=self._sweep_orphans, watch=self.watch)
 
     @abstractmethod

@@ -569,6 +569,14 @@ class ServerConnection:
         False once the channel has ended; LocalProtocolError for output the
         protocol forbids (before `opened`, beyond the credit, STDERR of a PTY).
         """
+        if not self.send_output_header(channel, kind, len(data)):
+            return False
+        self._out.append(data)
+        return True
+
+    def send_output_header(self, channel: int, kind: FrameKind, size: int) -> bool:
+        """`send_output` of a payload of ``size`` bytes that the caller sends itself, right
+        after what `data_to_send` hands out next (spliced from a pipe, say)."""
         if self.stage is Stage.CLOSING:
             return False
         record = self.channels.live.get(channel)
@@ -576,14 +584,12 @@ class ServerConnection:
             if record is None and channel in self.channels.used:
                 return False
             raise LocalProtocolError(f"channel {channel} is not open")
-        size = len(data)
         if kind is not FrameKind.STDOUT and (kind is not FrameKind.STDERR or record.pty):
             raise LocalProtocolError(f"{kind.name} is not output of this channel")
         if record.output is not None and not record.output.spend(size):
             raise LocalProtocolError(f"channel {channel}: {size} bytes of output exceed "
                                      f"its credit of {record.output.available}")
         self._out.append(HEADER.pack(kind, channel, size))
-        self._out.append(data)
         return True
 
     def send_exit(self, channel: int, status: Exit) -> bool:

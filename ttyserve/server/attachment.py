@@ -62,6 +62,15 @@ class ChannelHost(Protocol):
         """Frame output that may be handed on at the end of this turn of the loop."""
         ...
 
+    @property
+    def splices(self) -> bool:
+        """Whether output may be spliced from a pipe into the connection."""
+        ...
+
+    def splice_output(self, channel: int, kind: FrameKind, pipe: int, size: int) -> None:
+        """`send_output` of the next ``size`` bytes of ``pipe``, which leave it either way."""
+        ...
+
     def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
         """Answer the channel's `attach`: from here on the channel is ``attachment``'s (its
         exit may end it before `Attachment.attach` returns)."""
@@ -159,6 +168,14 @@ class Attachment(SessionChannel):
 
     def send_output(self, kind: FrameKind, data: bytes) -> bool:
         self.host.send_output(self.channel, kind, data)
+        return bool(self.host.output_limit(self.channel))
+
+    @property
+    def splices(self) -> bool:
+        return self.live and self.host.splices
+
+    def splice_output(self, kind: FrameKind, pipe: int, size: int) -> bool:
+        self.host.splice_output(self.channel, kind, pipe, size)
         return bool(self.host.output_limit(self.channel))
 
     def send_exit(self, status: Exit) -> bool:

@@ -56,6 +56,7 @@ from ..protocol.server import (
 )
 from ..transport.outbox import Outbox, TaskStarter
 from ..transport.readiness import ReadableService
+from ..transport.splice import discard
 from ..transport.streams import (
     Buffer,
     PipeTransport,
@@ -235,6 +236,26 @@ class ConnectionHandler:
     def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> None:
         if self.core.send_output(channel, kind, data):
             self.flush()
+
+    @property
+    def splices(self) -> bool:
+        """Whether output may be spliced from a pipe into this connection (a Unix socket)."""
+        return self.outbox.splices
+
+    def splice_output(self, channel: int, kind: FrameKind, pipe: int, size: int) -> None:
+        """Frame the next ``size`` bytes of ``pipe`` as output, moved by the kernel where the
+        socket takes them now (the outbox reads the rest); they leave the pipe either way."""
+        core = self.core
+        if not core.send_output_header(channel, kind, size) or self.outbox.broken:
+            discard(pipe, size)
+            return
+        if (heartbeat := self._heartbeat) is not None:
+            heartbeat.last_sent = time.monotonic()
+        self._unflushed = 0
+        try:
+            self.outbox.push_from_pipe(core.data_to_send(), pipe, size)
+        except anyio.BrokenResourceError:
+            pass  # the outbox has stopped the reader: the connection is going
 
     def send_output_soon(self, channel: int, kind: FrameKind,
                          data: Buffer) -> None:

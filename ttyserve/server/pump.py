@@ -17,7 +17,7 @@ from typing import Protocol
 import anyio
 import anyio.lowlevel
 
-from ..backends.base import OutputSource
+from ..backends.base import OutputSource, PipeOutput
 from ..protocol.frames import FrameKind
 from ..transport.readiness import Watch
 
@@ -44,6 +44,14 @@ class PumpOwner(Protocol):
         """Hand ``data`` on (ring, observers, sink); whether the sink takes more now."""
         ...
 
+    def splices(self) -> bool:
+        """Whether output may go from its pipe to the sink unread (`deliver_from_pipe`)."""
+        ...
+
+    def deliver_from_pipe(self, kind: FrameKind, pipe: int, size: int) -> bool:
+        """`deliver` of the next ``size`` bytes of ``pipe``, moved by the kernel."""
+        ...
+
     def pump_done(self, pump: OutputPump) -> None:
         """The stream is at its end, or cut short: the pump reads nothing more."""
         ...
@@ -61,6 +69,8 @@ class OutputPump:
         "_last",
         "_left",
         "_owner",
+        "_pipe",
+        "_pipe_fd",
         "_resumed",
         "_source",
         "_waiting",
@@ -74,6 +84,9 @@ class OutputPump:
         self.done = False
         self._owner = owner
         self._source = source
+        pipe = source if isinstance(source, PipeOutput) and source.pipe is not None else None
+        self._pipe = pipe  # its output may be spliced onward
+        self._pipe_fd = -1 if pipe is None or pipe.pipe is None else pipe.pipe
         self._held = b""  # one byte read ahead while the sink took nothing (see `step`)
         self._last = False  # the linger ran out: what is buffered now, then done
         self._left = LAST_DRAIN  # what may still be read once it has
@@ -94,19 +107,26 @@ class OutputPump:
         source, owner = self._source, self._owner
         limit = owner.output_limit()
         if not limit:
+            if self._pipe is not None and self._pipe.buffered(1):
+                return Stall.SINK  # (no read ahead: those bytes may be in flight, see outbox)
             if not self._held:
                 self._held = source.receive_nowait(1)
                 if not self._held:
                     return self._finished() if source.at_eof or self._last else Stall.READABLE
             return Stall.SINK
+        if ((pipe := self._pipe) is not None and not self._held and owner.splices()
+                and (size := pipe.buffered(limit))):  # 0: empty, or at its end (a read tells)
+            return self._delivered(size, owner.deliver_from_pipe(self.kind, self._pipe_fd, size))
         held, self._held = self._held, b""
         data = held + source.receive_nowait(limit - len(held)) if held else (
             source.receive_nowait(limit))
         if not data:
             return self._finished() if source.at_eof or self._last else Stall.READABLE
-        room = owner.deliver(self.kind, data)
+        return self._delivered(len(data), owner.deliver(self.kind, data))
+
+    def _delivered(self, size: int, room: bool) -> Stall:
         if self._last:
-            self._left -= len(data)
+            self._left -= size
             if self._left <= 0:
                 return self._finished()
         return Stall.READABLE if room else Stall.SINK

@@ -58,6 +58,15 @@ class Sink(Protocol):
         """Frame one output frame and hand it on; whether the sink takes more now."""
         ...
 
+    @property
+    def splices(self) -> bool:
+        """Whether output may be spliced from a pipe into it (a live Unix socket's channel)."""
+        ...
+
+    def splice_output(self, kind: FrameKind, pipe: int, size: int) -> bool:
+        """`send_output` of the next ``size`` bytes of ``pipe`` (they leave it either way)."""
+        ...
+
     def send_exit(self, status: Exit) -> bool:
         """Frame the channel's last frame; False when the channel had ended."""
         ...
@@ -313,6 +322,19 @@ class ServerSession:
         for observer in self.observers:  # echo is not held up by what the observers cost
             observer.output(kind, data)
         return room
+
+    def splices(self) -> bool:
+        """Whether output may go from its pipe straight to the sink: only where nothing
+        else needs the bytes (no ring, no tap, no observer) and the sink is a Unix socket."""
+        sink = self.sink
+        return (sink is not None and self.ring is None and not self.taps
+                and not self.observers and sink.splices)
+
+    def deliver_from_pipe(self, kind: FrameKind, pipe: int, size: int) -> bool:
+        """`deliver` of the next ``size`` bytes of ``pipe``, spliced to the sink (`splices`)."""
+        assert self.sink is not None
+        self.bytes_out += size
+        return self.sink.splice_output(kind, pipe, size)
 
     def pump_done(self, pump: OutputPump) -> None:
         self._open_streams -= 1

@@ -12,14 +12,17 @@ the process's output instead of growing our memory.
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from ..defaults import OUTBOX_LIMIT
-from .streams import MAX_IOVECS, Buffer, Transport
+from .splice import discard
+from .streams import MAX_IOVECS, Buffer, SocketTransport, Transport
 
 
 class TaskStarter(Protocol):
@@ -29,7 +32,7 @@ class TaskStarter(Protocol):
         ...
 
 
-_NOTHING_QUEUED: collections.deque[Buffer] = collections.deque()  # shared, never added to:
+_NOTHING_QUEUED: collections.deque[Item] = collections.deque()  # shared, never added to:
 # an empty deque costs 600 bytes, and most connections never queue a byte
 BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
 
@@ -40,6 +43,7 @@ class Outbox:
     def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
                  on_room: Callable[[], None] | None = None, limit: int = OUTBOX_LIMIT) -> None:
         self.transport = transport
+        self.splices = isinstance(transport, SocketTransport) and transport.splices
         self.limit = limit
         self._on_broken = on_broken
         self._on_room = on_room  # told when the queue falls back to the limit
@@ -48,6 +52,7 @@ class Outbox:
         self.broken = False
         self._buffers = _NOTHING_QUEUED  # a deque of its own once something waits
         self._queued = 0
+        self._tails = 0  # pipes' bytes in flight (PipeTail) in the queue
         self._closing = False
         self._room: anyio.Event | None = None  # made only when a producer has to wait
         self._done = False  # closed and flushed, or broken
@@ -77,15 +82,48 @@ class Outbox:
                 return
         else:
             rest = list(buffers)
+        self._queue(rest)
+
+    def _queue(self, items: Sequence[Item]) -> None:
+        """Queue ``items`` behind what waits, and have the writer task send them."""
         if self._buffers is _NOTHING_QUEUED:
-            self._buffers = collections.deque(rest)
+            self._buffers = collections.deque(items)
         else:
-            self._buffers.extend(rest)
-        self._queued += sum(len(b) for b in rest)
+            self._buffers.extend(items)
+        for item in items:
+            self._queued += len(item)
+            if isinstance(item, PipeTail):
+                self._tails += 1
         if not self._writing:
             assert self._task_group is not None, "Outbox.attach() was not called"
             self._writing = True
             self._task_group.start_soon(self._drain)
+
+    def push_from_pipe(self, buffers: Sequence[Buffer], pipe: int, size: int) -> None:
+        """Send ``buffers``, then the next ``size`` bytes of ``pipe`` (it holds them now),
+        moved by the kernel (only where the transport `splices`).
+
+        What the socket does not take now stays in the pipe, in flight (`PipeTail`, on a
+        descriptor of its own): no room is counted while any is (`has_room`), so nobody
+        frames more until the writer task has spliced it. Raises anyio.BrokenResourceError
+        as `push` (the bytes are dropped from the pipe then).
+        """
+        if self.broken or self._closing:
+            discard(pipe, size)
+            raise anyio.BrokenResourceError("the connection is closed")
+        assert isinstance(self.transport, SocketTransport) and self.transport.splices
+        if not self._buffers:
+            try:
+                buffers = _skip(buffers, self.transport.try_send(buffers))
+                if not buffers:
+                    size -= self.transport.try_splice(pipe, size)
+                    if not size:
+                        return
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                discard(pipe, size)
+                self.abort()
+                raise anyio.BrokenResourceError("the connection is broken") from None
+        self._queue([*buffers, PipeTail(os.dup(pipe), size)])
 
     @property
     def idle(self) -> bool:
@@ -94,8 +132,9 @@ class Outbox:
 
     @property
     def has_room(self) -> bool:
-        """Whether a producer may go on without waiting."""
-        return self._queued <= self.limit or self.broken
+        """Whether a producer may go on without waiting (not while a pipe's bytes are in
+        flight: their pump must not read that pipe before they went out)."""
+        return (self._queued <= self.limit and not self._tails) or self.broken
 
     async def wait_for_room(self) -> None:
         """Wait while more than `limit` bytes are queued (returns at once when broken)."""
@@ -126,8 +165,12 @@ class Outbox:
         if self.broken:
             return
         self.broken = True
+        for item in self._buffers:
+            if isinstance(item, PipeTail):
+                item.close(drop=True)
         self._buffers.clear()
         self._queued = 0
+        self._tails = 0
         self._wake_producers()
         self._set_done()
         if self._on_broken is not None:
@@ -142,7 +185,7 @@ class Outbox:
         batch: list[Buffer] = []
         size = 0
         for buffer in self._buffers:
-            if size >= BATCH_BYTES or len(batch) >= MAX_IOVECS:
+            if size >= BATCH_BYTES or len(batch) >= MAX_IOVECS or isinstance(buffer, PipeTail):
                 break
             batch.append(buffer)
             size += len(buffer)
@@ -152,32 +195,69 @@ class Outbox:
         """The writer task: send the queue as the socket takes it, until it is empty."""
         try:
             while self._buffers and not self.broken:
+                head = self._buffers[0]
                 try:
-                    sent = await self.transport.send_some(self._batch())
+                    if isinstance(head, PipeTail):
+                        assert isinstance(self.transport, SocketTransport)
+                        sent = await self.transport.splice(head.pipe, head.size)
+                    else:
+                        sent = await self.transport.send_some(self._batch())
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     self.abort()
                     return
                 if self.broken:
                     return  # aborted while it sent: the queue is gone
-                full = self._queued > self.limit
+                full = self._queued > self.limit or self._tails
                 self._queued -= sent
                 while sent:
                     head = self._buffers[0]
-                    if sent >= len(head):
-                        sent -= len(head)
-                        self._buffers.popleft()
-                    else:
-                        self._buffers[0] = memoryview(head)[sent:]
-                        sent = 0
-                if self._queued <= self.limit:
+                    if sent < len(head):
+                        self._buffers[0] = head.rest(sent) if isinstance(head, PipeTail) else (
+                            memoryview(head)[sent:])
+                        break
+                    sent -= len(head)
+                    self._buffers.popleft()
+                    if isinstance(head, PipeTail):
+                        head.close()
+                        self._tails -= 1
+                if self._queued <= self.limit and not self._tails:
                     self._wake_producers()
                     if full and self._on_room is not None:
                         self._on_room()
+        except anyio.get_cancelled_exc_class():
+            if self._tails:
+                self.abort()  # (the connection is going: no pipe descriptor outlives it)
+            raise
         finally:
             self._writing = False
             self._wake_producers()
             if self._closing or self.broken:
                 self._set_done()
+
+
+@dataclass(slots=True)
+class PipeTail:
+    """The rest of a frame still in a pipe (`Outbox.push_from_pipe`), on a duplicate of the
+    pipe's descriptor: the session may close its own meanwhile."""
+
+    pipe: int
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def rest(self, sent: int) -> PipeTail:
+        self.size -= sent
+        return self
+
+    def close(self, drop: bool = False) -> None:
+        """Done with it; with ``drop``, its bytes are taken out of the pipe unsent."""
+        if drop:
+            discard(self.pipe, self.size)
+        os.close(self.pipe)
+
+
+Item = Buffer | PipeTail
 
 
 def _skip(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:

@@ -28,6 +28,7 @@ from ..defaults import (
 )
 from ..errors import RemoteProtocolError
 from .readiness import ReadableService
+from .splice import CAN_SPLICE, splice_some
 
 Buffer = bytes | bytearray | memoryview
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
@@ -104,6 +105,9 @@ class SocketTransport:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
+        # A pipe's bytes may be spliced in (splice.py): on Unix sockets only, where it
+        # measured faster than a read and a send; over TCP it measured slower.
+        self.splices = CAN_SPLICE and sock.family == socket.AF_UNIX
         self._closed = False
         self._drained = False  # the last receive emptied the socket buffer
         self._waits = 0  # tasks waiting on the socket now (its close must tell them)
@@ -137,6 +141,23 @@ class SocketTransport:
             return 0
         except OSError as exc:
             raise _broken(exc) from exc
+
+    def try_splice(self, pipe: int, size: int) -> int:
+        """Move up to ``size`` bytes of ``pipe`` (all in it now) into the socket without
+        waiting (only where `splices`); how many it took."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        return splice_some(pipe, self.sock.fileno(), size)
+
+    async def splice(self, pipe: int, size: int) -> int:
+        """`try_splice`, waiting until at least one byte went."""
+        while not (sent := self.try_splice(pipe, size)):
+            self._waits += 1
+            try:
+                await anyio.wait_writable(self.sock)
+            finally:
+                self._waits -= 1
+        return sent
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         while not (sent := self.try_send(buffers)):
