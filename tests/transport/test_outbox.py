@@ -152,10 +152,10 @@ async def test_a_broken_connection_takes_its_frames_bytes_out_of_the_pipe(
         pair: tuple[socket.socket, socket.socket], pipe: tuple[int, int]) -> None:
     """In flight when the connection breaks: dropped from the pipe (never framed again by
     its pump as new output), and the queue's descriptor closed."""
-    ours, _ = pair
+    ours, theirs = pair
     read, write = pipe
     outbox = Outbox(SocketTransport(ours))
-    fill(ours)
+    filled = fill(ours)
     os.write(write, b"p" * 10_000 + b"next")
     descriptors = open_descriptors()
     async with anyio.create_task_group() as tg:
@@ -163,7 +163,12 @@ async def test_a_broken_connection_takes_its_frames_bytes_out_of_the_pipe(
         outbox.push_from_pipe([b"HEADER"], read, 10_000)
         assert buffered(read) == 10_004
         outbox.abort()
-    assert os.read(read, 100) == b"next"
+        assert os.read(read, 100) == b"next"
+        # The writer task, woken as the socket drains, sends nothing of the dropped frame.
+        assert await read_all(theirs, filled) == b"f" * filled
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(BlockingIOError):
+            theirs.recv(1)
     assert open_descriptors() == descriptors
     with pytest.raises(anyio.BrokenResourceError):
         outbox.push_from_pipe([b"HEADER"], read, 0)
@@ -177,10 +182,11 @@ async def read_all_until(sock: socket.socket, tail: bytes) -> bytes:
     return data
 
 
-def fill(sock: socket.socket) -> None:
-    """Send until the socket takes no more."""
+def fill(sock: socket.socket) -> int:
+    """Send until the socket takes no more; how much it took."""
+    sent = 0
     while True:
         try:
-            sock.send(b"f" * 4096, socket.MSG_DONTWAIT)
+            sent += sock.send(b"f" * 4096, socket.MSG_DONTWAIT)
         except BlockingIOError:
-            return
+            return sent

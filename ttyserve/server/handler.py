@@ -243,10 +243,10 @@ class ConnectionHandler:
         return self.outbox.splices
 
     def splice_output(self, channel: int, kind: FrameKind, pipe: int, size: int) -> None:
-        """Frame the next ``size`` bytes of ``pipe`` as output, moved by the kernel where the
-        socket takes them now (the outbox reads the rest); they leave the pipe either way."""
+        """Frame the next ``size`` bytes of ``pipe`` as output, moved by the kernel (what the
+        socket does not take now, once it does: see the outbox); dropped if nothing can go."""
         core = self.core
-        if not core.send_output_header(channel, kind, size) or self.outbox.broken:
+        if not core.send_output_header(channel, kind, size):
             discard(pipe, size)
             return
         if (heartbeat := self._heartbeat) is not None:

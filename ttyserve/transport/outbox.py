@@ -197,9 +197,12 @@ class Outbox:
             while self._buffers and not self.broken:
                 head = self._buffers[0]
                 try:
-                    if isinstance(head, PipeTail):
-                        assert isinstance(self.transport, SocketTransport)
-                        sent = await self.transport.splice(head.pipe, head.size)
+                    if isinstance(head, PipeTail):  # (its descriptor is closed once broken:
+                        assert isinstance(self.transport, SocketTransport)  # check after waits)
+                        sent = self.transport.try_splice(head.pipe, head.size)
+                        if not sent:
+                            await self.transport.wait_writable()
+                            continue
                     else:
                         sent = await self.transport.send_some(self._batch())
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -1,15 +1,14 @@
 """A pipe's bytes moved into a Unix socket by the kernel (splice(2)), never read by us.
 
 Linux only (`CAN_SPLICE`). The caller knows how many bytes the pipe holds
-(`buffered`) before it frames them, so a frame's header can go first; whatever
-the socket does not take at once is read out of the pipe (`read_exactly`) and
-sent as any bytes, so no frame is ever left half in a pipe.
+(`buffered`) before it frames them, so a frame's header can go first; what the
+socket does not take at once stays in the pipe until it does (the outbox's
+`PipeTail`).
 """
 
 from __future__ import annotations
 
 import array
-import errno
 import fcntl
 import os
 import termios
@@ -44,21 +43,6 @@ def splice_some(pipe: int, sock: int, size: int) -> int:
             break
         moved += step
     return moved
-
-
-def read_exactly(pipe: int, size: int) -> bytes:
-    """The next ``size`` bytes of a pipe that holds at least that many (nobody else reads it)."""
-    chunks: list[bytes] = []
-    while size > 0:
-        try:
-            chunk = os.read(pipe, size)
-        except BlockingIOError:
-            chunk = b""
-        if not chunk:
-            raise OSError(errno.EIO, "the pipe held fewer bytes than it said")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def discard(pipe: int, size: int) -> None:

@@ -149,15 +149,13 @@ class SocketTransport:
             raise anyio.ClosedResourceError
         return splice_some(pipe, self.sock.fileno(), size)
 
-    async def splice(self, pipe: int, size: int) -> int:
-        """`try_splice`, waiting until at least one byte went."""
-        while not (sent := self.try_splice(pipe, size)):
-            self._waits += 1
-            try:
-                await anyio.wait_writable(self.sock)
-            finally:
-                self._waits -= 1
-        return sent
+    async def wait_writable(self) -> None:
+        """Until the socket may take more (for `try_splice`)."""
+        self._waits += 1
+        try:
+            await anyio.wait_writable(self.sock)
+        finally:
+            self._waits -= 1
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         while not (sent := self.try_send(buffers)):
