@@ -29,7 +29,7 @@ from websockets.uri import parse_uri
 from ..defaults import CLIENT_NAME, WEBSOCKET_MAX_MESSAGE, WEBSOCKET_RECEIVE
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
-from ..transport.streams import Buffer
+from ..transport.streams import Buffer, SocketByteStream
 
 SUBPROTOCOL = Subprotocol("ttyserve.v1")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -48,6 +48,10 @@ class WebSocketTransport:
                  frames: Sequence[Frame] = ()) -> None:
         self._stream = stream
         self._ws = ws
+        # plain ws: on our own socket, so a message may go from the caller (`try_send`)
+        self._socket = stream.transport if isinstance(stream, SocketByteStream) else None
+        self._unsent: bytes | memoryview = b""  # the rest of a message `try_send` began
+        self._covered = 0  # bytes given to `try_send` that message holds (see there)
         self._send_lock = anyio.Lock()  # the reader answers pings while the writer sends
         self._incoming = FrameTracker()
         self._outgoing = FrameTracker()
@@ -130,10 +134,11 @@ class WebSocketTransport:
 
     async def _flush(self) -> None:
         """Send what the protocol has queued, in its order (an empty write is its end: the
-        close does it)."""
-        async with self._send_lock:
-            data = b"".join(self._ws.data_to_send())
-            if data:
+        close does it). With nothing queued, no lock is taken (taking one yields to the loop:
+        a turn of it on every receive)."""
+        data = b"".join(self._ws.data_to_send())
+        if data:
+            async with self._send_lock:
                 await self._send_locked(data)
 
     async def _send(self, data: bytes) -> None:
@@ -141,16 +146,52 @@ class WebSocketTransport:
             await self._send_locked(data)
 
     async def _send_locked(self, data: bytes) -> None:
+        """``data`` after the rest of a message `try_send` began (nothing may go between)."""
         try:
-            await self._stream.send(data)
+            if self._unsent:
+                unsent, self._unsent = self._unsent, b""
+                await self._stream.send(bytes(unsent))
+            if data:
+                await self._stream.send(data)
         except _GONE as exc:
             raise _broken(exc) from exc
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
-        return 0  # every message goes through the writer task (no fast path here)
+        """Whole frames as one message, sent from the caller when nothing else is being
+        sent (plain ws: only), as `SocketTransport` does: no hop to the writer task.
+
+        What of the message the socket did not take now is kept and goes out before
+        anything else; the bytes it holds are reported unsent (0), so the outbox hands
+        them to `send_some`, which then only counts them (``_covered``).
+        """
+        sock = self._socket
+        if (sock is None or self._covered or self._tail or self._closing is not None
+                or self._send_lock.locked() or self._ws.state is not State.OPEN):
+            return 0
+        scan = FrameTracker()  # (the outgoing one is at a frame's edge: no tail)
+        size = 0
+        for buffer in buffers:
+            scan.feed(buffer)
+            size += len(buffer)
+        if not size or not scan.at_boundary:
+            return 0
+        self._ws.send_binary(buffers[0] if len(buffers) == 1 else b"".join(buffers))
+        data = b"".join(self._ws.data_to_send())
+        sent = sock.try_send([data])
+        if sent == len(data):
+            return size
+        self._unsent = memoryview(data)[sent:]
+        self._covered = size
+        return 0
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         """Take all of ``buffers``; send the whole frames among what was taken so far."""
+        if self._covered:  # what `try_send` framed already: its message's rest, then count
+            async with self._send_lock:
+                await self._send_locked(b"")
+            taken = min(self._covered, sum(len(buffer) for buffer in buffers))
+            self._covered -= taken
+            return taken
         size = 0
         for buffer in buffers:
             size += len(buffer)

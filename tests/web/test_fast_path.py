@@ -1,0 +1,89 @@
+"""The WebSocket carriage's fast path: a message goes from the caller when the socket takes
+it; one the socket takes only part of is finished before anything else goes (the next
+message, a pong), and the peer (wsproto, an independent implementation) reads whole frames."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from wsproto.connection import Connection, ConnectionType
+from wsproto.events import BytesMessage, Ping, Pong
+
+from ttyserve.protocol.frames import FrameKind, encode_frame
+from ttyserve.transport.outbox import Outbox
+from ttyserve.transport.streams import SocketByteStream
+from ttyserve.web.websocket import WebSocketTransport
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    theirs.setblocking(False)
+    try:
+        yield ours, theirs
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def carriage(sock: socket.socket) -> WebSocketTransport:
+    return WebSocketTransport(SocketByteStream(sock), ServerProtocol(state=State.OPEN))
+
+
+async def test_a_message_the_socket_takes_goes_from_the_caller(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    outbox = Outbox(carriage(ours))
+    frame = encode_frame(FrameKind.STDOUT, 1, b"echo")
+    async with anyio.create_task_group() as tg:
+        outbox.attach(tg)
+        outbox.push([frame[:9], frame[9:]])
+        assert outbox.idle  # sent in the call: no writer task
+        peer = Connection(ConnectionType.CLIENT)
+        await anyio.wait_readable(theirs)
+        peer.receive_data(theirs.recv(1 << 16))
+        assert [bytes(e.data) for e in peer.events() if isinstance(e, BytesMessage)] == [frame]
+
+
+async def test_a_message_sent_in_part_is_finished_before_the_next_message_and_a_pong(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    transport = carriage(ours)
+    outbox = Outbox(transport)
+    big = encode_frame(FrameKind.STDOUT, 1, bytes(range(256)) * 4096)  # 1 MiB: in part
+    small = encode_frame(FrameKind.STDOUT, 1, b"after")
+    peer = Connection(ConnectionType.CLIENT)
+    theirs.sendall(peer.send(Ping(b"are you there")))
+    messages: list[bytes] = []
+    order: list[str] = []
+    async with anyio.create_task_group() as tg:
+        outbox.attach(tg)
+        outbox.push([big[:9], big[9:]])
+        assert not outbox.idle  # the socket took part: the rest waits, in order
+        outbox.push([small])
+        tg.start_soon(transport.receive, 1 << 16)  # the reader: it answers the ping
+        await anyio.wait_all_tasks_blocked()
+        message = b""
+        while len(messages) < 2:
+            await anyio.wait_readable(theirs)
+            peer.receive_data(theirs.recv(1 << 20))
+            for event in peer.events():
+                if isinstance(event, BytesMessage):
+                    message += event.data
+                    if event.message_finished:
+                        messages.append(message)
+                        order.append("message")
+                        message = b""
+                elif isinstance(event, Pong):
+                    order.append("pong")
+        tg.cancel_scope.cancel()
+    assert messages == [big, small]
+    assert order.index("pong") >= 1  # never inside the first message
