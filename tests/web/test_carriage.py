@@ -25,6 +25,7 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.utilities import generate_accept_token
 
 from ttyserve.client import client_tls_context, connect, run
 from ttyserve.errors import RequestError
@@ -435,3 +436,54 @@ async def test_a_websocket_frame_over_the_limit_is_refused_with_1009_before_it_i
         messages, code = await until_closed(stream, ws)
     assert [m["type"] for m in messages] == ["welcome", "error"]
     assert messages[-1]["code"] == "protocol_error" and code == 1009
+
+
+def opening_frames(server: ServerProcess) -> tuple[bytes, bytes]:
+    """`hello`, and an `open` of a command that says two and exits 2."""
+    return hello(token_of(server)), encode_frame(FrameKind.CTRL_IN, 1, encode_message(
+        Open(argv=["sh", "-c", "echo two; exit 2"], pty=False)))
+
+
+@pytest.mark.asyncio
+async def test_frames_that_came_with_the_upgrade_request_are_read(
+        web_server: ServerProcess) -> None:
+    """The request, `hello` and `open` in one write: the server has them before it reads
+    the socket again (which would say nothing more), and answers all the same."""
+    host, port = host_port(web_server)
+    ws = WSConnection(ConnectionType.CLIENT)
+    upgrade = ws.send(Request(host=f"{host}:{port}", target="/ws", subprotocols=["ttyserve.v1"]))
+    ws.receive_data(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                    b"Connection: Upgrade\r\nSec-WebSocket-Protocol: ttyserve.v1\r\n"
+                    b"Sec-WebSocket-Accept: " + generate_accept_token(_key(upgrade)) + b"\r\n\r\n")
+    list(ws.events())  # (our side of the handshake, done ahead to frame the messages)
+    first, second = opening_frames(web_server)
+    messages = ws.send(BytesMessage(data=first)) + ws.send(BytesMessage(data=second))
+    stream = await anyio.connect_tcp(host, port)
+    async with stream:
+        await stream.send(upgrade + messages)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += await stream.receive()
+        head, rest = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        ws.receive_data(rest)
+        controls, code = await until_closed(stream, ws)
+    assert [m["type"] for m in controls] == ["welcome", "opened", "exit"]
+    assert controls[-1]["code"] == 2 and code == 1000
+
+
+@pytest.mark.asyncio
+async def test_several_messages_in_one_read_are_all_taken(web_server: ServerProcess) -> None:
+    stream, ws = await ws_client(web_server)
+    first, second = opening_frames(web_server)
+    async with stream:
+        await stream.send(ws.send(BytesMessage(data=first)) + ws.send(BytesMessage(data=second)))
+        controls, code = await until_closed(stream, ws)
+    assert [m["type"] for m in controls] == ["welcome", "opened", "exit"]
+    assert controls[-1]["code"] == 2 and code == 1000
+
+
+
+def _key(request: bytes) -> bytes:
+    return next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                if line.lower().startswith(b"sec-websocket-key:"))

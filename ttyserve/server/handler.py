@@ -18,7 +18,7 @@ import math
 import select
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -60,7 +60,9 @@ from ..transport.splice import discard
 from ..transport.streams import (
     Buffer,
     PipeTransport,
+    ReadsNowait,
     SocketTransport,
+    TaskNeeded,
     Transport,
     close_gracefully,
 )
@@ -89,9 +91,13 @@ class ConnectionHandler:
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
         settings = registry.settings
         self.transport = transport
-        # A socket or pipe is read from the loop's readiness callback after the handshake.
-        self._socket = (transport if isinstance(transport, SocketTransport | PipeTransport)
-                        else None)
+        # A socket, pipe or plain WebSocket is read from the loop's readiness callback
+        # after the handshake.
+        self._socket: ReadsNowait | None = None
+        if isinstance(transport, SocketTransport | PipeTransport) or getattr(
+                transport, "reads_nowait", False):
+            self._socket = cast(ReadsNowait, transport)
+        self._task_read = False  # the callback met what only the task's `receive` can do
         self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
         self._stopped = False  # the reader is to stop: the connection closes
         self._discarding = False  # closed from the readiness callback: it drains the client
@@ -183,9 +189,9 @@ class ConnectionHandler:
         EOF, then the client's bytes dropped until its EOF (or CLOSE_TIMEOUT), with no hop
         to the task and no second watch of the socket; False where it cannot be done so."""
         socket = self._socket
-        if (socket is None or not self._service.serving or self.outbox.broken
-                or not self.outbox.idle):
-            return False
+        if (not isinstance(socket, SocketTransport | PipeTransport) or not self._service.serving
+                or self.outbox.broken or not self.outbox.idle):
+            return False  # (a WebSocket's close is a message: the task sends it)
         self._end_channels()
         if not self.outbox.idle:
             return False  # what the core framed last waits to be sent: the task does the rest
@@ -351,14 +357,21 @@ class ConnectionHandler:
         """The client's next bytes; None when the readiness callback read them and left this
         task the part that has to wait (`_later`, a full send queue, the close)."""
         socket = self._socket
-        if socket is not None:
-            if self._first_read:  # the client's hello (and open) are usually here already
-                self._first_read = False
-                if (data := socket.receive_nowait(SERVER_RECEIVE)) is not None:
-                    return data
-            if await self._service.serve(socket.fileno(), self._readable, self._deadline):
-                return None
-            self._socket = None  # no readiness callbacks on this loop: the ordinary way
+        if socket is not None and not self._task_read:
+            if self._first_read or socket.pending:  # the client's hello (and open) are
+                self._first_read = False  # usually here already
+                try:
+                    if (data := socket.receive_nowait(SERVER_RECEIVE)) is not None:
+                        return data
+                except TaskNeeded:
+                    self._task_read = True
+            if not self._task_read:
+                if await self._service.serve(socket.fileno(), self._readable, self._deadline):
+                    if not self._task_read:
+                        return None
+                else:
+                    self._socket = None  # no readiness callbacks on this loop: the ordinary way
+        self._task_read = False
         return await self._interruptibly(self.transport.receive(SERVER_RECEIVE), self._deadline)
 
     def _readable(self) -> bool:
@@ -375,7 +388,11 @@ class ConnectionHandler:
             return True
         if core.closing or self._stopped:
             return False
-        data = socket.receive_nowait(SERVER_RECEIVE)
+        try:
+            data = socket.receive_nowait(SERVER_RECEIVE)
+        except TaskNeeded:
+            self._task_read = True
+            return False
         if data is None:
             return True
         if self._heartbeat is not None:
@@ -395,7 +412,7 @@ class ConnectionHandler:
             self._later = None
             return True
         return (self._later is None and not core.closing and not self._stopped
-                and self.outbox.has_room)
+                and self.outbox.has_room and not socket.pending)
 
     def _act(self, event: ServerEvent) -> Later | None:
         """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""

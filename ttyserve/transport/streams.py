@@ -31,6 +31,28 @@ from .readiness import ReadableService
 from .splice import CAN_SPLICE, splice_some
 
 Buffer = bytes | bytearray | memoryview
+
+
+class TaskNeeded(Exception):
+    """`receive_nowait` cannot go on without waiting (a WebSocket's pong to send, its end):
+    the reader task is to call `receive`."""
+
+
+class ReadsNowait(Protocol):
+    """A transport the server reads from the loop's readiness callback."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether `receive_nowait` has something without the descriptor saying so (bytes
+        received and parsed already): the socket's readiness would not tell."""
+        ...
+
+    def fileno(self) -> int: ...
+
+    def receive_nowait(self, max_bytes: int) -> bytes | None:
+        """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`,
+        or TaskNeeded."""
+        ...
 MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
 
 
@@ -101,6 +123,8 @@ def keep_alive(sock: socket.socket) -> None:
 
 class SocketTransport:
     """A connected, non-blocking stream socket (Unix or TCP)."""
+
+    pending = False  # (nothing is received ahead)
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -191,6 +215,8 @@ class PipeTransport:
     non-blocking, and put back as they were when closed: their files may be shared
     (the stdin and stdout of `serve --stdio`).
     """
+
+    pending = False  # (nothing is received ahead)
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd: int | None = read_fd

@@ -29,7 +29,7 @@ from websockets.uri import parse_uri
 from ..defaults import CLIENT_NAME, WEBSOCKET_MAX_MESSAGE, WEBSOCKET_RECEIVE
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
-from ..transport.streams import Buffer, SocketByteStream
+from ..transport.streams import Buffer, SocketByteStream, TaskNeeded
 
 SUBPROTOCOL = Subprotocol("ttyserve.v1")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -51,6 +51,7 @@ class WebSocketTransport:
         # plain ws: on our own socket, so a message may go from the caller (`try_send`)
         self._socket = stream.transport if isinstance(stream, SocketByteStream) else None
         self._unsent: bytes | memoryview = b""  # the rest of a message `try_send` began
+        self._answers: list[bytes] = []  # pongs and the like `receive_nowait` left to send
         self._covered = 0  # bytes given to `try_send` that message holds (see there)
         self._send_lock = anyio.Lock()  # the reader answers pings while the writer sends
         self._incoming = FrameTracker()
@@ -64,6 +65,8 @@ class WebSocketTransport:
         # held back so that the core's `protocol_error` goes out before it
         if received:
             ws.receive_data(received)
+            self._handle_events()  # (its frames are `pending`: the socket will not say so)
+            self._answers += ws.data_to_send()
 
     def fileno(self) -> int:
         """The socket under the WebSocket (whose unread bytes show a peer is alive); -1
@@ -98,6 +101,42 @@ class WebSocketTransport:
                 except _GONE as exc:
                     raise _broken(exc) from exc
                 self._ws.receive_data(data)
+        return self._take_ready(max_bytes)
+
+    @property
+    def pending(self) -> bool:
+        """Whether `receive_nowait` has something the socket's readiness would not tell."""
+        return bool(self._ready or self._answers or self._pending or self._ended)
+
+    @property
+    def reads_nowait(self) -> bool:
+        """Whether `receive_nowait` can read (plain ws:; under TLS, bytes may wait in the
+        TLS layer with nothing on the socket to say so)."""
+        return self._socket is not None
+
+    def receive_nowait(self, max_bytes: int) -> bytes | None:
+        """`receive` without waiting, from the loop's readiness callback: frame bytes, or
+        None when none have arrived. Raises TaskNeeded where only `receive` can go on:
+        something is to be sent (a pong, a close), or the stream ended or was misused."""
+        sock = self._socket
+        while not self._ready:
+            if (sock is None or self._misuse is not None or self._ended or self._pending
+                    or self._answers):
+                raise TaskNeeded
+            try:
+                data = sock.receive_nowait(WEBSOCKET_RECEIVE)
+            except anyio.EndOfStream:
+                self._ws.receive_eof()
+                self._ended = True
+                raise TaskNeeded from None
+            if data is None:
+                return None
+            self._ws.receive_data(data)
+            self._handle_events()
+            self._answers += self._ws.data_to_send()
+        return self._take_ready(max_bytes)
+
+    def _take_ready(self, max_bytes: int) -> bytes:
         data = self._ready.pop(0)
         if len(data) > max_bytes:
             self._ready.insert(0, data[max_bytes:])
@@ -105,6 +144,11 @@ class WebSocketTransport:
         return data
 
     async def _take_events(self) -> None:
+        self._handle_events()
+        await self._flush()  # pongs, the answer to a close, the close after broken framing
+
+    def _handle_events(self) -> None:
+        """What was received: frame bytes to hand out, a close, or the carriage misused."""
         frames, self._pending = self._pending, []
         for event in [*frames, *self._ws.events_received()]:
             if self._misuse is not None:
@@ -125,7 +169,6 @@ class WebSocketTransport:
         if self._ws.parser_exc is not None and self._closing is None:
             self._closing = b"".join(self._ws.data_to_send())
             self._misused(f"broken WebSocket framing: {self._ws.parser_exc}")
-        await self._flush()  # pongs, the answer to a close, the close after broken framing
 
     def _misused(self, what: str) -> None:
         """Raised once what came before it was handed out: the core's own rules go first."""
@@ -136,7 +179,8 @@ class WebSocketTransport:
         """Send what the protocol has queued, in its order (an empty write is its end: the
         close does it). With nothing queued, no lock is taken (taking one yields to the loop:
         a turn of it on every receive)."""
-        data = b"".join(self._ws.data_to_send())
+        answers, self._answers = self._answers, []
+        data = b"".join([*answers, *self._ws.data_to_send()])
         if data:
             async with self._send_lock:
                 await self._send_locked(data)
