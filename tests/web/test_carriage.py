@@ -487,3 +487,17 @@ async def test_several_messages_in_one_read_are_all_taken(web_server: ServerProc
 def _key(request: bytes) -> bytes:
     return next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
                 if line.lower().startswith(b"sec-websocket-key:"))
+
+
+@pytest.mark.asyncio
+async def test_a_close_from_the_client_is_answered(web_server: ServerProcess) -> None:
+    stream, ws = await ws_client(web_server)
+    async with stream:
+        await stream.send(ws.send(BytesMessage(data=hello(token_of(web_server)))))
+        decoder = FrameDecoder()
+        while not decoder.feed(b"".join(e.data for e in ws.events()
+                                       if isinstance(e, BytesMessage))):
+            ws.receive_data(await stream.receive())  # until `welcome`
+        await stream.send(ws.send(CloseConnection(code=1000)))
+        _, code = await until_closed(stream, ws)
+    assert code == 1000  # the server's answer, not just the end of the connection

@@ -85,6 +85,8 @@ class WebSocketTransport:
         RemoteProtocolError for a text message or a message that ends inside a frame.
         """
         while not self._ready:
+            if self._answers:  # what `receive_nowait` met: a pong, the answer to a close
+                await self._flush()
             if self._misuse is not None:
                 misuse, self._misuse = self._misuse, None
                 raise misuse  # once; after it, the stream has ended
