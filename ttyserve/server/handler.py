@@ -86,6 +86,9 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream
 class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
+    _task_read = False  # the callback met what only the task's `receive` can do (set on
+    # the instance only then: a connection's attributes are memory per session)
+
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
                  tasks: TaskStarter,
                  on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
@@ -97,7 +100,6 @@ class ConnectionHandler:
         if isinstance(transport, SocketTransport | PipeTransport) or getattr(
                 transport, "reads_nowait", False):
             self._socket = cast(ReadsNowait, transport)
-        self._task_read = False  # the callback met what only the task's `receive` can do
         self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
         self._stopped = False  # the reader is to stop: the connection closes
         self._discarding = False  # closed from the readiness callback: it drains the client
@@ -358,20 +360,21 @@ class ConnectionHandler:
         task the part that has to wait (`_later`, a full send queue, the close)."""
         socket = self._socket
         if socket is not None and not self._task_read:
-            if self._first_read or socket.pending:  # the client's hello (and open) are
-                self._first_read = False  # usually here already
-                try:
+            try:  # the client's hello (and open) are usually here already
+                if self._first_read or socket.pending:
+                    self._first_read = False
                     if (data := socket.receive_nowait(SERVER_RECEIVE)) is not None:
                         return data
-                except TaskNeeded:
-                    self._task_read = True
-            if not self._task_read:
-                if await self._service.serve(socket.fileno(), self._readable, self._deadline):
-                    if not self._task_read:
-                        return None
-                else:
+            except TaskNeeded:
+                self._task_read = True
+            else:
+                if not await self._service.serve(socket.fileno(), self._readable,
+                                                 self._deadline):
                     self._socket = None  # no readiness callbacks on this loop: the ordinary way
-        self._task_read = False
+                elif not self._task_read:
+                    return None
+        if self._task_read:
+            self._task_read = False
         return await self._interruptibly(self.transport.receive(SERVER_RECEIVE), self._deadline)
 
     def _readable(self) -> bool:

@@ -40,10 +40,12 @@ BATCH_BYTES = 1 << 20  # the most one sendmsg() is given
 class Outbox:
     """Serialises buffers onto a transport, in order, with bounded memory."""
 
+    _tails = 0  # pipes' bytes in flight (PipeTail) in the queue (an instance's own only
+    # once one was: a connection's attributes are memory per session)
+
     def __init__(self, transport: Transport, on_broken: Callable[[], None] | None = None,
                  on_room: Callable[[], None] | None = None, limit: int = OUTBOX_LIMIT) -> None:
         self.transport = transport
-        self.splices = isinstance(transport, SocketTransport) and transport.splices
         self.limit = limit
         self._on_broken = on_broken
         self._on_room = on_room  # told when the queue falls back to the limit
@@ -52,7 +54,6 @@ class Outbox:
         self.broken = False
         self._buffers = _NOTHING_QUEUED  # a deque of its own once something waits
         self._queued = 0
-        self._tails = 0  # pipes' bytes in flight (PipeTail) in the queue
         self._closing = False
         self._room: anyio.Event | None = None  # made only when a producer has to wait
         self._done = False  # closed and flushed, or broken
@@ -98,6 +99,12 @@ class Outbox:
             assert self._task_group is not None, "Outbox.attach() was not called"
             self._writing = True
             self._task_group.start_soon(self._drain)
+
+    @property
+    def splices(self) -> bool:
+        """Whether `push_from_pipe` may be used: the transport splices (a Unix socket)."""
+        transport = self.transport
+        return isinstance(transport, SocketTransport) and transport.splices
 
     def push_from_pipe(self, buffers: Sequence[Buffer], pipe: int, size: int) -> None:
         """Send ``buffers``, then the next ``size`` bytes of ``pipe`` (it holds them now),
@@ -170,7 +177,8 @@ class Outbox:
                 item.close(drop=True)
         self._buffers.clear()
         self._queued = 0
-        self._tails = 0
+        if self._tails:
+            self._tails = 0
         self._wake_producers()
         self._set_done()
         if self._on_broken is not None:

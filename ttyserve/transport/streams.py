@@ -31,6 +31,7 @@ from .readiness import ReadableService
 from .splice import CAN_SPLICE, splice_some
 
 Buffer = bytes | bytearray | memoryview
+MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
 
 
 class TaskNeeded(Exception):
@@ -53,7 +54,6 @@ class ReadsNowait(Protocol):
         """What has arrived, up to ``max_bytes``; None when nothing has. Raises as `receive`,
         or TaskNeeded."""
         ...
-MAX_IOVECS = 512  # buffers per sendmsg(), well under IOV_MAX (1024)
 
 
 class Transport(Protocol):
