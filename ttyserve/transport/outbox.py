@@ -6,7 +6,9 @@ is queued: the keystroke-echo path). What does not fit is queued, and a
 writer task, started only then and ending when the queue is empty, sends it as
 the socket drains. Producers that can wait (`wait_for_room`) wait while more
 than `limit` bytes are queued: that is how a client that stops reading stops
-the process's output instead of growing our memory.
+the process's output instead of growing our memory. On a Unix socket a frame's
+payload may also wait in its pipe, in flight (`push_from_pipe`, `PipeTail`): the
+kernel moves it when the socket drains.
 """
 
 from __future__ import annotations
