@@ -107,9 +107,9 @@ class OutputPump:
         source, owner = self._source, self._owner
         limit = owner.output_limit()
         if not limit:
-            if self._pipe is not None and self._pipe.buffered(1):
-                return Stall.SINK  # (no read ahead: those bytes may be in flight, see outbox)
             if not self._held:
+                if self._pipe is not None and self._pipe.buffered(1):
+                    return Stall.SINK  # no read ahead: those bytes may be in flight (outbox)
                 self._held = source.receive_nowait(1)
                 if not self._held:
                     return self._finished() if source.at_eof or self._last else Stall.READABLE
