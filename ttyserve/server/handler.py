@@ -97,8 +97,7 @@ class ConnectionHandler:
         # A socket, pipe or plain WebSocket is read from the loop's readiness callback
         # after the handshake.
         self._socket: ReadsNowait | None = None
-        if isinstance(transport, SocketTransport | PipeTransport) or getattr(
-                transport, "reads_nowait", False):
+        if getattr(transport, "reads_nowait", False):
             self._socket = cast(ReadsNowait, transport)
         self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
         self._stopped = False  # the reader is to stop: the connection closes

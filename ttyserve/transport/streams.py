@@ -40,7 +40,8 @@ class TaskNeeded(Exception):
 
 
 class ReadsNowait(Protocol):
-    """A transport the server reads from the loop's readiness callback."""
+    """A transport the server reads from the loop's readiness callback (one whose
+    `reads_nowait` is true)."""
 
     @property
     def pending(self) -> bool:
@@ -124,6 +125,7 @@ def keep_alive(sock: socket.socket) -> None:
 class SocketTransport:
     """A connected, non-blocking stream socket (Unix or TCP)."""
 
+    reads_nowait = True  # (ReadsNowait)
     pending = False  # (nothing is received ahead)
 
     def __init__(self, sock: socket.socket) -> None:
@@ -216,6 +218,7 @@ class PipeTransport:
     (the stdin and stdout of `serve --stdio`).
     """
 
+    reads_nowait = True  # (ReadsNowait)
     pending = False  # (nothing is received ahead)
 
     def __init__(self, read_fd: int, write_fd: int) -> None:

@@ -58,15 +58,16 @@ class WebSocketTransport:
         self._outgoing = FrameTracker()
         self._tail = bytearray()  # what was given to send past the last whole frame
         self._ready: list[bytes] = []
-        self._pending = list(frames)  # frames that came with the handshake's answer
         self._ended = False
         self._misuse: RemoteProtocolError | None = None
         self._closing: bytes | None = None  # the framing broke: the close the library chose,
         # held back so that the core's `protocol_error` goes out before it
+        # What came with the handshake (frames after its answer, bytes after its request)
+        # is taken now: it is `pending`, which the socket's readiness will not tell.
         if received:
             ws.receive_data(received)
-            self._handle_events()  # (its frames are `pending`: the socket will not say so)
-            self._answers += ws.data_to_send()
+        self._handle_events(frames)
+        self._answers += ws.data_to_send()
 
     def fileno(self) -> int:
         """The socket under the WebSocket (whose unread bytes show a peer is alive); -1
@@ -108,7 +109,7 @@ class WebSocketTransport:
     @property
     def pending(self) -> bool:
         """Whether `receive_nowait` has something the socket's readiness would not tell."""
-        return bool(self._ready or self._answers or self._pending or self._ended)
+        return bool(self._ready or self._answers or self._ended)
 
     @property
     def reads_nowait(self) -> bool:
@@ -122,8 +123,7 @@ class WebSocketTransport:
         something is to be sent (a pong, a close), or the stream ended or was misused."""
         sock = self._socket
         while not self._ready:
-            if (sock is None or self._misuse is not None or self._ended or self._pending
-                    or self._answers):
+            if sock is None or self._misuse is not None or self._ended or self._answers:
                 raise TaskNeeded
             try:
                 data = sock.receive_nowait(WEBSOCKET_RECEIVE)
@@ -149,9 +149,9 @@ class WebSocketTransport:
         self._handle_events()
         await self._flush()  # pongs, the answer to a close, the close after broken framing
 
-    def _handle_events(self) -> None:
-        """What was received: frame bytes to hand out, a close, or the carriage misused."""
-        frames, self._pending = self._pending, []
+    def _handle_events(self, frames: Sequence[Frame] = ()) -> None:
+        """What was received (and ``frames``): frame bytes to hand out, a close, or the
+        carriage misused."""
         for event in [*frames, *self._ws.events_received()]:
             if self._misuse is not None:
                 break  # nothing after the misuse is handed out
