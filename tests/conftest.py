@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,18 @@ def short_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected socket pair: ours (blocking as made), and the peer's, non-blocking."""
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    try:
+        yield ours, theirs
+    finally:
+        ours.close()
+        theirs.close()
 
 
 @pytest.fixture

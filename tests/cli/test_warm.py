@@ -205,6 +205,17 @@ def test_a_socket_another_user_serves_never_gets_the_descriptors(
         os.waitpid(squatter, 0)
 
 
+def test_none_is_started_in_a_runtime_directory_others_may_write(runtime: Path) -> None:
+    """Another user could put their socket or a link to our log there: the command is served
+    alone, no warm server is started, and it says why."""
+    runtime.chmod(0o733)
+    done = subprocess.run([sys.executable, "-m", "ttyserve", "serve", "--stdio"],
+                          input=b"", capture_output=True, timeout=30)
+    assert done.returncode == ServeExit.OK
+    assert b"not a directory of ours with mode 0700" in done.stderr
+    assert not (runtime / "ttyserve-warm.log").exists()
+
+
 def test_a_stub_of_another_user_is_refused(short_dir: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The socket is the user's alone (0600); even opened to all, the warm server forks for
@@ -373,12 +384,7 @@ def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_p
     """exec's contract holds warm: a warm server killed under a command leaves its status
     unknown (255, not 1, which would read as the remote's), and a warm child killed by a
     signal is 128 + N, as a shell says it."""
-    warm_runtime(short_dir, monkeypatch)
-    warm = subprocess.Popen([sys.executable, "-m", "ttyserve.cli.warm", warm_socket_path()],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
-        assert warm.stdout is not None
-        assert warm.stdout.readline().startswith(b"listening ")
+    with start_warm_server(short_dir, monkeypatch) as warm:  # (killed below: as it may)
         with exec_stub(server_process, SH, "-c", "echo up; exec cat") as stub:
             assert stub.stdout is not None
             assert stub.stdout.readline() == b"up\n"
@@ -392,9 +398,3 @@ def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_p
             warm.kill()
             assert stub.wait(20) == ExecExit.FAILURE
             os.kill(child, signal.SIGTERM)  # (its exec, ours to end: the warm one is gone)
-    finally:
-        if warm.poll() is None:
-            warm.kill()
-        warm.wait()
-        assert warm.stdout is not None
-        warm.stdout.close()

@@ -17,17 +17,6 @@ from ttyserve.transport.streams import SocketTransport
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(10)]
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    ours, theirs = socket.socketpair()
-    theirs.setblocking(False)
-    try:
-        yield ours, theirs
-    finally:
-        ours.close()
-        theirs.close()
-
-
 async def read_all(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:

@@ -258,9 +258,7 @@ async def test_a_message_that_ends_inside_a_frame_is_closed_with_1002(
 async def test_several_frames_in_one_message_and_a_frame_split_over_fragments(
         web_server: ServerProcess) -> None:
     stream, ws = await ws_client(web_server)
-    opening = hello(token_of(web_server)) + encode_frame(
-        FrameKind.CTRL_IN, 1, encode_message(Open(argv=["sh", "-c", "echo two; exit 2"],
-                                                  pty=False)))
+    opening = b"".join(opening_frames(web_server))
     async with stream:  # one message, sent as two WebSocket fragments cutting a frame in two
         await stream.send(ws.send(BytesMessage(data=opening[:20], message_finished=False)))
         await stream.send(ws.send(BytesMessage(data=opening[20:], message_finished=True)))

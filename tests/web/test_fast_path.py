@@ -5,7 +5,6 @@ message, a pong), and the peer (wsproto, an independent implementation) reads wh
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -20,18 +19,6 @@ from ttyserve.transport.streams import SocketByteStream
 from ttyserve.web.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    ours, theirs = socket.socketpair()
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-    theirs.setblocking(False)
-    try:
-        yield ours, theirs
-    finally:
-        ours.close()
-        theirs.close()
 
 
 def carriage(sock: socket.socket) -> WebSocketTransport:
@@ -56,6 +43,7 @@ async def test_a_message_the_socket_takes_goes_from_the_caller(
 async def test_a_message_sent_in_part_is_finished_before_the_next_message_and_a_pong(
         pair: tuple[socket.socket, socket.socket]) -> None:
     ours, theirs = pair
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
     transport = carriage(ours)
     outbox = Outbox(transport)
     big = encode_frame(FrameKind.STDOUT, 1, bytes(range(256)) * 4096)  # 1 MiB: in part

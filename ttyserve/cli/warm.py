@@ -191,8 +191,10 @@ def _start_warm_server(path: str) -> None:
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        import stat  # (the cold path only: the stub imports built-in modules alone)
+
         info = os.lstat(directory)
-        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not os.path.isdir(directory):
+        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISDIR(info.st_mode):
             _say(f"{directory} is not a directory of ours with mode 0700: none started")
             return
         log = os.open(os.path.join(directory, "ttyserve-warm.log"),
