@@ -30,14 +30,16 @@ async def test_a_message_the_socket_takes_goes_from_the_caller(
     ours, theirs = pair
     outbox = Outbox(carriage(ours))
     frame = encode_frame(FrameKind.STDOUT, 1, b"echo")
+    other = encode_frame(FrameKind.STDOUT, 1, b"and more")
     async with anyio.create_task_group() as tg:
         outbox.attach(tg)
-        outbox.push([frame[:9], frame[9:]])
+        outbox.push([frame[:9], frame[9:], other])
         assert outbox.idle  # sent in the call: no writer task
         peer = Connection(ConnectionType.CLIENT)
         await anyio.wait_readable(theirs)
         peer.receive_data(theirs.recv(1 << 16))
-        assert [bytes(e.data) for e in peer.events() if isinstance(e, BytesMessage)] == [frame]
+        messages = [bytes(e.data) for e in peer.events() if isinstance(e, BytesMessage)]
+    assert messages == [frame, other]  # one frame a message (section 8), as the writer cuts
 
 
 async def test_a_message_sent_in_part_is_finished_before_the_next_message_and_a_pong(

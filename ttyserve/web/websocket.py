@@ -215,13 +215,22 @@ class WebSocketTransport:
                 or self._send_lock.locked() or self._ws.state is not State.OPEN):
             return 0
         scan = FrameTracker()  # (the outgoing one is at a frame's edge: no tail)
+        messages: list[Buffer] = []  # as `send_some` cuts them: one per buffer ending a frame
+        pieces: list[Buffer] = []
         size = 0
         for buffer in buffers:
-            scan.feed(buffer)
             size += len(buffer)
-        if not size or not scan.at_boundary:
+            end = scan.feed(buffer)
+            if end is None:
+                pieces.append(buffer)
+                continue
+            head = memoryview(buffer)[:end]
+            messages.append(b"".join([*pieces, head]) if pieces else head)
+            pieces = [memoryview(buffer)[end:]] if end < len(buffer) else []
+        if not messages or pieces:
             return 0
-        self._ws.send_binary(buffers[0] if len(buffers) == 1 else b"".join(buffers))
+        for message in messages:
+            self._ws.send_binary(message)
         data = b"".join(self._ws.data_to_send())
         sent = sock.try_send([data])
         if sent == len(data):
