@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from helpers import (
     SH,
@@ -32,7 +33,7 @@ from helpers import (
     warm_runtime,
 )
 
-from ttyserve.cli.warm import warm_socket_path
+from ttyserve.cli.warm import MAGIC, context, warm_socket_path
 from ttyserve.exitcodes import ExecExit, ServeExit
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open
@@ -234,7 +235,7 @@ def test_a_stub_of_another_user_is_refused(short_dir: Path,
                 os.setuid(NOBODY)
                 with socket.socket(socket.AF_UNIX) as sock:
                     sock.connect(path)
-                    request = b"\0".join([b"ttyserve-warm-1", b"/", b"18", b"2", b"serve",
+                    request = b"\0".join([MAGIC, context(), b"/", b"18", b"2", b"serve",
                                           b"--stdio"])
                     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
                     try:
@@ -398,3 +399,115 @@ def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_p
             warm.kill()
             assert stub.wait(20) == ExecExit.FAILURE
             os.kill(child, signal.SIGTERM)  # (its exec, ours to end: the warm one is gone)
+
+
+# --- the caller's confinement --------------------------------------------------------------
+
+# What the far side sees of its confinement (the cgroup its server is in: each session gets
+# one of its own below it), then its grandparent: the process that
+# ran `serve --stdio` (a warm server, or the `exec` that ran it cold).
+CONFINEMENT = ("readlink /proc/self/ns/net; wc -l < /proc/net/dev; cat /proc/$PPID/cgroup; "
+               "ulimit -Hn; cat /proc/self/loginuid /proc/self/sessionid; echo; "
+               "awk '/^PPid/ {print $2}' /proc/$PPID/status")
+REMOTE = str(Path(sys.executable).parent / "ttyserve")
+
+
+@contextlib.contextmanager
+def confined(how: str) -> Iterator[list[str]]:
+    """A command prefix that runs what follows confined as ``how`` says: in a network
+    namespace of its own, under a lower limit, or in another cgroup (made and removed here)."""
+    if how == "netns":
+        yield ["unshare", "--net"]
+    elif how == "ulimit":
+        yield [SH, "-c", 'ulimit -n 1111 && exec "$@"', "sh"]
+    else:
+        from ttyserve.backends.cgroups import kill_tree, own_cgroup, until_empty
+
+        own = own_cgroup()
+        if own is None or not os.access(own, os.W_OK):
+            pytest.skip("a writable cgroup v2 hierarchy is not installed here (CI has one)")
+        cgroup = Path(own) / f"ttyserve-warm-test-{os.getpid()}"
+        cgroup.mkdir()
+        try:
+            yield [SH, "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"]
+        finally:
+            kill_tree(str(cgroup))  # (what a failed test left there)
+            assert anyio.run(until_empty, str(cgroup), 10.0)
+            cgroup.rmdir()
+
+
+def far_side_contexts(prefix: list[str], *warm: str) -> list[tuple[list[str], int]]:
+    """`exec --via env` once per ``warm`` (TTYSERVE_WARM), one after the other inside one
+    ``prefix``: what each far side's command sees, and the pid of the process that ran it."""
+    run = (f"TTYSERVE_WARM=$1 {REMOTE} exec --via env --remote-command {REMOTE} -T -- "
+           f"{SH} -c {shlex.quote(CONFINEMENT)} && echo --- && shift")
+    script = "\n".join([f"{run} || exit"] * len(warm))
+    result = subprocess.run([*prefix, SH, "-c", script, "sh", *warm], stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    contexts = []
+    for block in result.stdout.decode().split("---\n")[:-1]:
+        *lines, runner = block.splitlines()
+        contexts.append((lines, int(runner)))
+    assert len(contexts) == len(warm), result.stdout
+    return contexts
+
+
+@pytest.mark.parametrize("how", ["netns", "ulimit", "cgroup"])
+def test_a_command_started_warm_keeps_its_callers_confinement(
+        how: str, short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm server started elsewhere never runs a confined caller's command: it runs cold,
+    then in a warm server of its own confinement, seeing what it sees cold."""
+    with start_warm_server(short_dir, monkeypatch) as unconfined, confined(how) as prefix:
+        try:
+            [(outside, runner)] = far_side_contexts([], "1")
+            assert runner == unconfined.pid  # (a warm start, from the test's own context)
+            (cold, _), (first, _), (second, runner) = far_side_contexts(prefix, "0", "1", "1")
+            assert cold != outside, "the confinement changed nothing to see"
+            assert first == cold and second == cold
+            ours = warm_socket_path()
+            theirs = [path for path in (short_dir / "rt").glob("ttyserve-warm-*.sock")
+                      if str(path) != ours]
+            assert len(theirs) == 1, theirs  # the second ran warm, confined as it is
+            assert runner == server_pid(theirs[0]) != unconfined.pid
+        finally:
+            stopped = stop_warm_servers(short_dir / "rt")
+        assert stopped == 2
+
+
+def refused(path: str, confinement: bytes) -> bool:
+    """Whether the warm server on ``path`` closes on a request from ``confinement`` without
+    starting a child for it."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(path)
+        request = b"\0".join([MAGIC, confinement, b"/", b"18", b"2", b"serve", b"--stdio"])
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+        sock.sendmsg([len(request).to_bytes(4, "big") + request],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        return sock.recv(5) == b""
+
+
+def test_the_warm_server_compares_its_callers_confinement_with_its_own_at_each_request(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exactly, beside the socket's name: a caller confined otherwise is refused (it runs
+    cold); a warm server whose own limits were changed from outside serves nobody more."""
+    import resource
+
+    with start_warm_server(short_dir, monkeypatch) as warm:
+        path = warm_socket_path()
+        assert refused(path, context() + b"\nelsewhere")
+        assert not children_of(warm.pid) and os.path.exists(path)
+        soft, hard = resource.prlimit(warm.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(warm.pid, resource.RLIMIT_NOFILE, (min(soft, 999), min(hard, 999)))
+        assert refused(path, context())
+        assert warm.wait(10) == 0 and not os.path.exists(path)
+
+
+def test_a_warm_server_started_for_another_confinement_does_not_serve(runtime: Path) -> None:
+    """Its socket's name is its starter's context: a process whose own differs (its starter's
+    children are confined otherwise) ends at once and binds nothing."""
+    path = warm_socket_path(context() + b"\nelsewhere")
+    result = subprocess.run([sys.executable, "-m", "ttyserve.cli.warm", path], timeout=30,
+                            capture_output=True, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0 and b"not serving" in result.stderr
+    assert not os.path.exists(path)

@@ -13,8 +13,11 @@ command only this module's imports are paid.
 When none answers, the command runs here as before, and a warm server is started in the
 background for the next one; it ends after WARM_IDLE seconds without a command.
 `TTYSERVE_WARM=0` turns both off. The socket's name carries a digest of the installed
-code, so a changed installation never reaches an old warm server; both sides check that
-the other runs as the same user (SO_PEERCRED).
+code and of the caller's context (namespaces, cgroup, limits, login session, credentials:
+see `context`), so a changed installation never reaches an old warm server and a command
+never runs outside the confinement it was started in; the warm server compares the
+caller's context with its own, exactly, before it forks. Both sides check that the other
+runs as the same user (SO_PEERCRED).
 
 The stub's imports are the interpreter's own (`_socket`, `_signal`, `zlib`): `socket`,
 `signal` and `struct` would import `enum` and more, a third of what it saves.
@@ -32,7 +35,7 @@ from ..runtime import runtime_path
 from ..version import __version__
 
 WARM_ENV = "TTYSERVE_WARM"  # "0": neither use nor start a warm server
-MAGIC = b"ttyserve-warm-1"  # the request's first field: the stub and server speak one format
+MAGIC = b"ttyserve-warm-2"  # the request's first field: the stub and server speak one format
 FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM)  # passed on
 REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
 HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
@@ -61,8 +64,53 @@ def code_digest() -> str:
     return f"{crc:08x}"
 
 
-def warm_socket_path() -> str:
-    return runtime_path(f"ttyserve-warm-{code_digest()}.sock")
+# What a process inherits besides its arguments, environment, cwd, umask and descriptors,
+# and what a warm child would otherwise take from the warm server instead of its caller:
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time",
+              "time_for_children", "user", "uts")  # /proc/self/ns/*
+CONTEXT_FILES = ("cgroup", "limits", "loginuid", "sessionid", "oom_score_adj",
+                 "attr/current")  # /proc/self/*: the cgroup, rlimits, audit identity, LSM label
+STATUS_FIELDS = (b"Uid:", b"Gid:", b"Groups:", b"NoNewPrivs:", b"Seccomp:", b"Seccomp_filters:",
+                 b"CapInh:", b"CapPrm:", b"CapEff:", b"CapBnd:", b"CapAmb:",
+                 b"Cpus_allowed_list:", b"Mems_allowed_list:")  # from /proc/self/status
+
+
+def _proc_read(name: str) -> bytes:
+    try:
+        fd = os.open(f"/proc/self/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # (attr/current without a security module: EINVAL)
+        return b""
+    finally:
+        os.close(fd)
+
+
+def context() -> bytes:
+    """This process's confinement, as a command started here would inherit it: namespaces,
+    cgroup, resource limits, login session and audit identity, credentials, capabilities,
+    seccomp, CPU and memory placement, niceness. A warm child runs with its warm server's,
+    so a warm server serves only callers whose context is exactly its own."""
+    parts = []
+    for name in NAMESPACES:
+        try:
+            parts.append(os.readlink(f"/proc/self/ns/{name}").encode())
+        except OSError:
+            parts.append(b"")
+    parts.extend(_proc_read(name) for name in CONTEXT_FILES)
+    parts.extend(line for line in _proc_read("status").splitlines()
+                 if line.startswith(STATUS_FIELDS))
+    parts.append(b"%d" % os.getpriority(os.PRIO_PROCESS, 0))
+    return b"\n".join(parts).replace(b"\0", b"")  # (the request's fields end at NUL)
+
+
+def warm_socket_path(caller: bytes | None = None) -> str:
+    """The warm server's socket for this installation and this context (``caller``, else
+    this process's): a caller confined otherwise reaches another warm server, or none."""
+    crc = zlib.crc32(context() if caller is None else caller)
+    return runtime_path(f"ttyserve-warm-{code_digest()}-{crc:08x}.sock")
 
 
 def _uid_of(sock: _socket.socket) -> int:
@@ -114,7 +162,8 @@ def _has_terminal() -> bool:
 def handed_over(args: list[str]) -> int | None:
     """Run ``args`` in a warm server's child: its exit status, or None when this process
     must run them itself (then a warm server is started for the next time)."""
-    path = warm_socket_path()
+    confinement = context()
+    path = warm_socket_path(confinement)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
@@ -125,17 +174,17 @@ def handed_over(args: list[str]) -> int | None:
         if _uid_of(sock) != os.getuid():
             _say(f"{path} is served by another user: not using it")
             return None
-        return _hand_over(sock, args)
+        return _hand_over(sock, args, confinement)
     finally:
         sock.close()
 
 
-def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
+def _hand_over(sock: _socket.socket, args: list[str], confinement: bytes) -> int | None:
     try:
         cwd = os.getcwdb()
     except OSError:  # gone: the command says so itself, as it would have without us
         return None
-    fields = [MAGIC, cwd, b"%d" % _umask(), b"%d" % len(args),
+    fields = [MAGIC, confinement, cwd, b"%d" % _umask(), b"%d" % len(args),
               *(os.fsencode(arg) for arg in args),
               *(key + b"=" + value for key, value in os.environb.items())]
     request = b"\0".join(fields)
@@ -149,7 +198,7 @@ def _hand_over(sock: _socket.socket, args: list[str]) -> int | None:
     except OSError:
         reply = b""
     if len(reply) < 5 or reply[:1] != STARTED:
-        return None  # it closed before forking (ending, idle): nothing was read, run here
+        return None  # it closed before forking (ending, idle, confined otherwise): run here
     child = int.from_bytes(reply[1:], "big")
     # The child has stdin and stdout now; ours must not keep the carrier's pipes open.
     null = os.open(os.devnull, os.O_RDWR)
@@ -243,6 +292,12 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     except BlockingIOError:
         os.close(lock)
         return 0
+    confinement = context()
+    if os.path.basename(path) != os.path.basename(warm_socket_path(confinement)):
+        _say(f"{path} names another context than this process's (started from a process "
+             "whose children are confined otherwise, as after `unshare --pid`): not serving")
+        os.close(lock)
+        return 0
     from ..exitcodes import ExecExit
     from .main import build_parser
     from .main import main as full_main
@@ -298,11 +353,21 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
         os.close(lock)
 
     def start(stub: socket.socket) -> None:
+        nonlocal ending
         request = _read_request(stub)
         if request is None:
             stub.close()
             return
-        fds, args, env, cwd, umask = request
+        caller, fds, args, env, cwd, umask = request
+        now = context()
+        if caller != now:  # the caller runs cold, confined as it is, rather than here
+            _say("a request refused: its caller is confined otherwise than this server")
+            for fd in fds:
+                os.close(fd)
+            stub.close()
+            if now != confinement:  # moved or re-limited from outside: serve nobody more
+                ending = True
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         # No stop() between the fork and the stub's answer, in either process: the stub
@@ -410,10 +475,10 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
         close_all()
 
 
-def _read_request(stub: _socket.socket) -> tuple[list[int], list[str], dict[str, str], str,
-                                                  int] | None:
-    """A stub's request: its three descriptors, arguments, environment, cwd, umask; None
-    (its descriptors closed) when it is not one, or not from this user."""
+def _read_request(stub: _socket.socket) -> tuple[bytes, list[int], list[str], dict[str, str],
+                                                  str, int] | None:
+    """A stub's request: its context, three descriptors, arguments, environment, cwd,
+    umask; None (its descriptors closed) when it is not one, or not from this user."""
     import socket
 
     stub.settimeout(HANDSHAKE_TIMEOUT)
@@ -432,10 +497,10 @@ def _read_request(stub: _socket.socket) -> tuple[list[int], list[str], dict[str,
         fields = body.split(b"\0")
         if fields[0] != MAGIC:
             raise ValueError("not a request of this version")
-        count = int(fields[3])
-        args = [os.fsdecode(arg) for arg in fields[4:4 + count]]
-        env = dict(os.fsdecode(entry).partition("=")[::2] for entry in fields[4 + count:])
-        return fds, args, env, os.fsdecode(fields[1]), int(fields[2])
+        count = int(fields[4])
+        args = [os.fsdecode(arg) for arg in fields[5:5 + count]]
+        env = dict(os.fsdecode(entry).partition("=")[::2] for entry in fields[5 + count:])
+        return fields[1], fds, args, env, os.fsdecode(fields[2]), int(fields[3])
     except (OSError, ValueError, IndexError) as exc:
         _say(f"a request refused: {exc}")
         for fd in fds:
