@@ -26,6 +26,7 @@ from helpers import (
 )
 
 from ttyserve.client import Connection, Session, connect
+from ttyserve.defaults import STDIN_LIMIT
 from ttyserve.errors import LocalProtocolError, RequestError, SessionDetached
 from ttyserve.protocol.messages import Attach, Detach, Offsets, Open, SessionInfo
 from ttyserve.server.journal import SessionAttach, SessionDetach, SessionEnd, read_file
@@ -457,3 +458,80 @@ async def test_a_cancel_during_the_replay_ends_it(address: str) -> None:
         await again.cancel()
     await until_listed(address, lambda s: s == [], timeout=10)
     assert await wait_until(lambda: processes_in_group(session.pid or 0) == [], timeout=5)
+
+
+@pytest.mark.parametrize("leaving", ["detach", "close"])
+async def test_input_the_server_took_reaches_the_process_after_its_writer_left(
+        address: str, short_dir: Path, leaving: str) -> None:
+    """200,000 bytes and `eof` sent, then the writer detaches (or its connection closes)
+    before the process reads any: it gets them all and their end, with nobody attached."""
+    gate = short_dir / "gate"
+    os.mkfifo(gate)
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", f"cat {gate} >/dev/null; exec wc -c"],
+                                   pty=False, detachable=True)
+        await session.send(b"x" * 200_000)  # (more than the pipe holds: the rest is queued)
+        await session.eof()
+        if leaving == "detach":
+            await session.detach()
+            with pytest.raises(SessionDetached):
+                async for _ in session:
+                    pass
+    await until_listed(address, lambda s: bool(s) and not s[0].attached)
+
+    def open_the_gate() -> None:
+        os.close(os.open(gate, os.O_WRONLY))  # (meets cat's open; cat then reads its end)
+
+    await anyio.to_thread.run_sync(open_the_gate)
+    await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
+    async with connect(address, multiplex=True) as conn:
+        again = await conn.attach(session.id or "")
+        output = b"".join([chunk.data async for chunk in again])
+        assert output.split() == [b"200000"]
+        assert again.status is not None and again.status.code == 0
+
+
+async def test_writers_that_come_and_go_cannot_grow_a_sessions_queued_input_without_bound(
+        short_dir: Path) -> None:
+    """Each writer's window bounds what it adds; input earlier writers left counts too: past
+    STDIN_LIMIT plus the window, the writer's connection waits for the process (and then
+    every byte arrives)."""
+    window = 64 << 10
+    server = start_server(short_dir, "--command", SH, "--stdin-window", str(window),
+                          listen=[f"unix:{short_dir / 'w.sock'}"])
+    gate = short_dir / "gate"
+    os.mkfifo(gate)
+    try:
+        address = server.addresses[0]
+        async with connect(address, multiplex=True, window=1 << 20) as conn:
+            first = await conn.spawn([SH, "-c", f"cat {gate} >/dev/null; exec wc -c"],
+                                     pty=False, detachable=True)
+            await first.detach()
+        sent = writers = 0
+        bound = (STDIN_LIMIT + window) // window + 2  # writers before one must wait
+        while writers <= bound:
+            async with connect(address, multiplex=True, window=1 << 20) as conn:
+                writer = await conn.attach(first.id or "")
+                await writer.send(b"x" * window)
+                sent += window
+                await writer.detach()
+                with anyio.move_on_after(2):  # (the one that waits is released below)
+                    with pytest.raises(SessionDetached):
+                        async for _ in writer:
+                            pass
+                    writers += 1
+                    continue
+                break
+        assert writers < bound, "no writer waited"
+
+        def open_the_gate() -> None:
+            os.close(os.open(gate, os.O_WRONLY))
+
+        await anyio.to_thread.run_sync(open_the_gate)
+        async with connect(address, multiplex=True) as conn:
+            last = await conn.attach(first.id or "", steal=True)
+            await last.eof()
+            output = b"".join([chunk.data async for chunk in last])
+            assert output.split() == [str(sent).encode()]
+    finally:
+        server.stop()

@@ -423,8 +423,9 @@ class ConnectionHandler:
             if attachment is not None:
                 session = attachment.session
                 self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
-                if session.stdin.full and not self.core.windowed:
-                    return lambda: self._interruptibly(session.stdin.wait_room())
+                window = self.core.stdin_window
+                if session.stdin.over(window):
+                    return lambda: self._interruptibly(session.stdin.wait_room(window))
         elif isinstance(event, CreditGranted):
             attachment = self.attachments.get(event.channel)
             if attachment is not None:

@@ -192,10 +192,9 @@ class ServerSession:
 
     def detach(self) -> None:
         """Go on without a sink: output only goes to the ring, and the process never waits.
-        Input the process has not taken is dropped (see `StdinQueue.drop`)."""
+        Input the server took and the process has not yet stays queued for it."""
         self.sink = None
         self.detached_at = time.monotonic()
-        self.stdin.drop()
         self.sink_ready()
 
     def sink_ready(self) -> None:

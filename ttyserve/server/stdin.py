@@ -5,6 +5,10 @@ it (`write_nowait`): no task step for a keystroke. What would block is queued,
 with `eof` in order behind it, and written by an input pump that exists only
 while something is queued. With windows the client's STDIN credit bounds the
 queue; without, the connection waits while more than STDIN_LIMIT is queued.
+Input the server took stays queued when its writer detaches or its connection
+drops: it reaches the process all the same, `eof` included; the connection of a
+later writer waits while more than its window plus STDIN_LIMIT is queued, so that
+attaching again and again cannot grow the queue without bound.
 """
 
 from __future__ import annotations
@@ -75,26 +79,16 @@ class StdinQueue:
         if not self._broken and not (self._queue and isinstance(self._queue[-1], Eof)):
             self._append(Eof())
 
-    @property
-    def full(self) -> bool:
-        """Whether more than STDIN_LIMIT is queued: a connection without windows then waits
-        (`wait_room`); with windows the client's credit bounds the queue."""
-        return self._queued > STDIN_LIMIT and not self._broken
+    def over(self, window: int | None) -> bool:
+        """Whether the feeding connection must wait (`wait_room`): more than STDIN_LIMIT is
+        queued, plus its STDIN ``window`` when it has one (its credit bounds what it adds;
+        beyond that is input an earlier writer left)."""
+        return self._queued > STDIN_LIMIT + (window or 0) and not self._broken
 
-    async def wait_room(self) -> None:
-        while self.full:
+    async def wait_room(self, window: int | None) -> None:
+        while self.over(window):
             room = self._room = self._room or anyio.Event()
             await room.wait()
-
-    def drop(self) -> None:
-        """Forget what waits (not what the pump is writing): it was sent on a channel that
-        left, and the next one starts with a whole STDIN window of its own."""
-        keep = 1 if self._pumping and self._queue else 0
-        while len(self._queue) > keep:
-            item = self._queue.pop()
-            if isinstance(item, bytes):
-                self._queued -= len(item)
-        self._wake_feeders()
 
     def close(self) -> None:
         """The session is over: drop the queue, release any feeder waiting for room."""
