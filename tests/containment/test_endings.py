@@ -139,7 +139,7 @@ async def test_normal_exit_kills_leftovers(sock_path: Path, cgroup_base: str, es
         finally:
             kill_left(pids)
     ends = [r for r in read_file(str(journal)).records if isinstance(r, SessionEnd)]
-    assert [(e.reason, e.code, e.leftovers) for e in ends] == [("exit", 3, 1)]
+    assert [(e.reason, e.code, e.leftovers, e.oom) for e in ends] == [("exit", 3, 1, False)]
 
 
 async def test_leave_keeps_the_daemon(sock_path: Path, cgroup_base: str, pty: bool) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -535,3 +536,27 @@ async def test_writers_that_come_and_go_cannot_grow_a_sessions_queued_input_with
             assert output.split() == [str(sent).encode()]
     finally:
         server.stop()
+
+
+async def test_journal_records_carry_members_with_their_usual_value(
+        server: ServerProcess, address: str, short_dir: Path) -> None:
+    """A writer's attach and detach say `"role": "writer"`, a contained session's end
+    `"oom": false`: a coordinator's `select(.role == "writer")` finds them (contracts.md,
+    the journal)."""
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", "read line; exit 3"], pty=False,
+                                   detachable=True)
+        await session.detach()
+    async with connect(address, multiplex=True) as conn:
+        again = await conn.attach(session.id or "")
+        await again.send(b"go\n")
+        assert (await again.wait()).code == 3
+    server.stop()
+    lines = [json.loads(line) for line in (short_dir / "j.jsonl").read_text().splitlines()]
+    ours = [line for line in lines if line.get("id") == session.id]
+    assert [(line["event"], line.get("role")) for line in ours
+            if line["event"] in ("session.attach", "session.detach")] == [
+        ("session.detach", "writer"), ("session.attach", "writer")]
+    [end] = [line for line in ours if line["event"] == "session.end"]
+    contained = "leftovers" in end  # (where cgroups are had: then `oom` is known)
+    assert end["code"] == 3 and end.get("oom") is (False if contained else None)

@@ -150,7 +150,7 @@ async def test_attach_at_offsets_sends_each_stream_from_there_in_production_orde
         await raw.next_control()  # welcome
         await raw.send(ctrl(1, Attach(session=session_id)))  # no offsets: the whole ring
         attached = await raw.next_control()
-        assert attached["type"] == "attached" and attached["offsets"] == {}  # both 0
+        assert attached["type"] == "attached" and attached["offsets"] == {"stdout": 0, "stderr": 0}
         await raw.send(ctrl(1, {"type": "detach"}))
         whole, detached = await stream_output(raw, 1)
         assert detached["type"] == "detached"
@@ -228,7 +228,7 @@ async def test_an_ended_session_is_kept_for_keep_ended_then_released(
         # The exit was sent, but this client "lost" it: it attaches again at its offsets.
         await raw.send(ctrl(2, Attach(session=str(opened["session"]),
                                       offsets=Offsets(stdout=len(b"bye\n")))))
-        assert (await raw.next_control())["offsets"] == {"stdout": 4}
+        assert (await raw.next_control())["offsets"] == {"stdout": 4, "stderr": 0}
         chunks, again = await stream_output(raw, 2)
         assert chunks == [] and again == exit_message
         await raw.send(ctrl(0, Release(session=str(opened["session"]))))

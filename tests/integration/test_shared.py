@@ -116,7 +116,8 @@ async def test_observers_get_the_replay_live_output_and_the_exit(unix: str) -> N
             await peer.send(hello())
             assert (await next_on(peer, 0))["type"] == "welcome"
             attached = await watch(peer, session.id or "", offsets={"stdout": 2})
-            assert attached["role"] == "observer" and attached["offsets"] == {"stdout": 2}
+            assert attached["role"] == "observer"
+            assert attached["offsets"] == {"stdout": 2, "stderr": 0}
             assert await output_until(peer, 1, b"fore\n") == b"fore\n"  # the replay, from 2 on
             await session.send(b"live\n")
             assert await output_until(peer, 1, b"live\n") == b"live\n"
@@ -266,7 +267,7 @@ async def test_an_observer_that_never_reads_is_skipped_and_its_offsets_line_up(
                     assert message["type"] == "skipped", message
                     skipped_total += message["bytes"]
                     position += message["bytes"]
-                    assert message["offsets"] == {"stdout": position}  # (stderr 0: left out)
+                    assert message["offsets"] == {"stdout": position, "stderr": 0}
             assert position == total  # every byte was sent or skipped, and counted once
             assert skipped_total > total - 2 * SCROLLBACK
             assert got + skipped_total == total

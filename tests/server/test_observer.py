@@ -145,7 +145,7 @@ def test_a_parked_observer_gets_the_ring_then_skipped_then_the_exit() -> None:
     assert [m["type"] for m in messages] == ["attached", "skipped", "exit"]
     data = b"".join(f.payload for f in frames if f.kind is FrameKind.STDOUT)
     skipped = int(messages[1]["bytes"])  # type: ignore[call-overload]
-    assert messages[1]["offsets"] == {"stdout": 1 + skipped}  # after the first byte sent
+    assert messages[1]["offsets"] == {"stdout": 1 + skipped, "stderr": 0}  # after the first byte
     assert len(data) + skipped == 256 * 64 and data[1:] == (bytes(range(256)) * 64)[
         1 + skipped:]  # the newest output, whole, in order
     assert len(data) - 1 <= RING and wire.ended == [observer]

@@ -172,8 +172,9 @@ class ProcessHandle(Protocol):
         ...
 
     @property
-    def oom(self) -> bool:
-        """Whether its cgroup's memory limit killed a process of its tree."""
+    def oom(self) -> bool | None:
+        """Whether its cgroup's memory limit killed a process of its tree; None where the
+        backend does not contain trees (no cgroup)."""
         ...
 
     def settle_nowait(self, kill: bool) -> bool:
@@ -317,7 +318,7 @@ class Uncontained:
 
     cgroup_path: str | None = None
     leftovers: int | None = None
-    oom = False
+    oom: bool | None = None
 
     def settle_nowait(self, kill: bool) -> bool:
         return True

@@ -153,7 +153,7 @@ class LocalProcess:
         self._closed = False
         self.cgroup: SessionCgroup | None = None  # its tree's, where the server contains it
         self.leftovers: int | None = None  # processes of its tree killed after it, once known
-        self.oom = False  # its cgroup's memory limit killed one of them
+        self.oom: bool | None = None  # its cgroup's memory limit killed one of them, once known
         if status is not None:  # reaped before it was handed over
             self._reaped(status)
             return

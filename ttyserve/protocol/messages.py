@@ -61,9 +61,10 @@ class Open(Message, tag="open"):
     detached_timeout: Annotated[int, msgspec.Meta(ge=1)] | None = None  # section 10, seconds
 
 
-class Offsets(msgspec.Struct, omit_defaults=True, kw_only=True):
+class Offsets(msgspec.Struct, kw_only=True):
     """Per stream, bytes since the session started (section 10): what a client holds, or
-    where an attach's output begins."""
+    where an attach's output begins. Both members always go out (a stream at 0 too); one
+    left out of what a client sends is 0."""
 
     stdout: Offset = 0
     stderr: Offset = 0

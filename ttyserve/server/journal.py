@@ -25,7 +25,6 @@ import msgspec
 from ..backends.cgroups import SERVER_LEAF, kill_tree, populated, remove_tree, server_gone
 from ..backends.groups import group_alive, process_start_time, signal_group
 from ..lines import write_all
-from ..protocol.messages import WRITER
 from .lease import acquire
 
 log = logging.getLogger("ttyserve")
@@ -45,6 +44,9 @@ class Reason(enum.StrEnum):
 class Record(msgspec.Struct, tag_field="event", omit_defaults=True, kw_only=True):
     """One line of the journal; `event` is the tag. Members we do not know are ignored.
 
+    Only members that do not apply (None) are left out: every member the contracts name
+    is written even with its usual value (a writer's attach says `"role": "writer"`), so
+    such members default to None, which only a record of an older server reads as.
     Subclasses repeat ``kw_only=True``: without it msgspec writes their members
     before `id` and `at`, and the contract's order is `event`, `id`, `at`, ...
     """
@@ -75,7 +77,8 @@ class SessionEnd(Record, tag="session.end", kw_only=True):
     bytes_in: int | None = None
     bytes_out: int | None = None
     leftovers: int | None = None  # processes of its cgroup killed after its process ended
-    oom: bool = False  # its cgroup's memory limit killed one of its processes
+    oom: bool | None = None  # its cgroup's memory limit killed one of its processes (None:
+    # not contained)
 
 
 class SessionDetach(Record, tag="session.detach", kw_only=True):
@@ -83,7 +86,7 @@ class SessionDetach(Record, tag="session.detach", kw_only=True):
     on without a client), or an observer's."""
 
     peer: str
-    role: str = WRITER  # section 11
+    role: str | None = None  # section 11: WRITER or OBSERVER (None: an older record's writer)
     grant: str | None = None  # the public id of the grant it was attached through
     reason: str | None = None  # `detached`'s: stolen, revoked, expired
 
@@ -92,7 +95,7 @@ class SessionAttach(Record, tag="session.attach", kw_only=True):
     """A client attached to a detachable session, as writer or observer (section 11)."""
 
     peer: str
-    role: str = WRITER
+    role: str | None = None  # as SessionDetach's
     grant: str | None = None  # the public id of the grant it came with: never the grant
 
 
@@ -111,7 +114,7 @@ class SessionUnshare(Record, tag="session.unshare", kw_only=True):
     peer: str | None = None  # who revoked it (none when it expired)
     grant: str
     reason: str  # REVOKED or EXPIRED
-    channels: int = 0  # the channels attached through it, detached
+    channels: int | None = None  # the channels attached through it, detached
 
 
 class ServerUpgrade(msgspec.Struct, tag="server.upgrade", tag_field="event", kw_only=True,
