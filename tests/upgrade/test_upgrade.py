@@ -18,12 +18,14 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import SH, ServerProcess, start_server, wait_until
+from helpers import SH, ServerProcess, control_of, ctrl, raw_peer, start_server, wait_until
 
 from ttyserve.client import connect
 from ttyserve.client.session import Lost, Resumed, Session
 from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.exitcodes import ServeExit
+from ttyserve.protocol.frames import FrameKind
+from ttyserve.protocol.messages import Hello, Open
 from ttyserve.server.handover import MEMFD_NAME
 from ttyserve.server.journal import ServerUpgrade, SessionEnd, SessionStart, read_file
 from ttyserve.version import __version__
@@ -374,3 +376,32 @@ async def test_a_writer_two_observers_and_a_grant_come_through_an_upgrade(
             assert answer.channels == 1
         await writer.eof()
         assert (await writer.wait()).code == 0
+
+
+async def test_every_connection_hears_server_restarting_after_its_ending_sessions_exits(
+        served: ServerProcess, short_dir: Path) -> None:
+    """Section 12: every connection gets `server_restarting` on channel 0 before its close,
+    also one whose sessions the upgrade ends: their `exit` first, then the error. A single
+    session, two undetachable ones multiplexed, and one of each."""
+    shapes = {"single": [False], "undetachable": [False, False], "mixed": [False, True]}
+    async with contextlib.AsyncExitStack() as stack:
+        peers = {}
+        for shape, detachable in shapes.items():
+            peer = peers[shape] = await stack.enter_async_context(raw_peer(served.addresses[0]))
+            await peer.send(ctrl(0, Hello(protocol=1, multiplex=shape != "single")) + b"".join(
+                ctrl(n, Open(argv=["cat"], pty=False, detachable=d))
+                for n, d in enumerate(detachable, 1)))
+            assert (await peer.next_control())["type"] == "welcome"
+            for _ in detachable:
+                assert (await peer.next_control())["type"] == "opened"
+        os.kill(served.pid, signal.SIGUSR2)
+        for shape, peer in peers.items():
+            with anyio.fail_after(30):
+                frames = await peer.frames_until_eof()
+            last = control_of(frames[-1])
+            assert frames[-1].channel == 0 and last["code"] == "server_restarting", (shape, last)
+            for channel, detachable in enumerate(shapes[shape], 1):
+                ending = [control_of(f)["type"] for f in frames if f.channel == channel
+                          and f.kind is FrameKind.CTRL_OUT]
+                assert ending == ([] if detachable else ["exit"]), (shape, channel, ending)
+    assert await wait_until(lambda: bool(upgraded(short_dir)), 30), served.stderr_tail()

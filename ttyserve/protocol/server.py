@@ -162,6 +162,8 @@ ServerEvent = (
 class ServerConnection:
     """One connection as the server sees it."""
 
+    _last_word: RequestError | None = None  # `close_when_over`'s error (set when used)
+
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME,
                  stdin_window: int = DEFAULT_STDIN_WINDOW, output_frame: int | None = None,
                  ) -> None:
@@ -486,6 +488,15 @@ class ServerConnection:
             self.error = error
         self.stage = Stage.CLOSING
 
+    def close_when_over(self, error: RequestError) -> None:
+        """End the connection with ``error`` on channel 0 once no channel is live: now when
+        none is, else right after the last one's last frame (an upgrade's
+        `server_restarting` follows the `exit` of a session it ended, section 12)."""
+        if not self.channels.live:
+            self.close(error)
+        else:
+            self._last_word = error
+
     def opened(self, channel: int, answer: Opened) -> bool:
         """Answer `open` with `opened` (the command that runs, a detachable session's id);
         False when the connection closed meanwhile."""
@@ -614,7 +625,9 @@ class ServerConnection:
             self._undecided = None
 
     def _channel_ended(self, channel: int) -> None:
-        if channel == self._session:
+        if self._last_word is not None and not self.channels.live:
+            self.close(self._last_word)
+        elif channel == self._session:
             self.stage = Stage.CLOSING  # single-session: the session's last frame ends it
 
     def _frame_control(self, channel: int, message: Message) -> None:

@@ -88,6 +88,7 @@ class ConnectionHandler:
 
     _task_read = False  # the callback met what only the task's `receive` can do (set on
     # the instance only then: a connection's attributes are memory per session)
+    _restarting = False  # an upgrade: closes with `server_restarting` (section 12)
 
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
                  tasks: TaskStarter,
@@ -169,10 +170,22 @@ class ConnectionHandler:
             self._stop_reading()
 
     def begin_restart(self) -> None:
-        """An upgrade in place: `server_restarting` on channel 0, then the close; detachable
-        sessions go on detached (the registry ended the others first)."""
-        self.core.close(restarting() if self.core.hello is not None else None)
+        """An upgrade in place: `server_restarting` on channel 0, then the close, once the
+        sessions the upgrade ends (those not detachable) sent their `exit`; detachable
+        sessions go on detached."""
+        self._restarting = True
+        if self.core.hello is None:
+            self.core.close()
+        elif self._ending_sessions():
+            self.core.close_when_over(restarting())  # (after the last channel's last frame)
+            return
+        else:
+            self.core.close(restarting())
         self._stop_reading()
+
+    def _ending_sessions(self) -> bool:
+        """Whether a session the upgrade ends (not detachable) is still attached here."""
+        return not all(a.session.detachable for a in self.attachments.values())
 
     def _stop_reading(self) -> None:
         """The connection is to close: the reader stops, woken where it waits for the client
@@ -312,6 +325,8 @@ class ConnectionHandler:
         else:
             framed = self.core.send_detached(channel, last)
         self.flush()
+        if self._restarting and not self._ending_sessions():
+            self.core.close(restarting())  # (a no-op when the core closed with it already)
         if self.core.closing or (self._draining and not self.attachments):
             self._stop_reading()  # the reader closes the connection
         return framed

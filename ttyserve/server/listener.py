@@ -191,9 +191,11 @@ class Server:
         try:
             async with anyio.create_task_group() as watch:
                 watch.start_soon(self._cancel_on_stop, watch.cancel_scope)
+                for handler in list(self.handlers):
+                    handler.begin_restart()  # each closes once its ending sessions' exits went
                 await registry.end_undetachable(self.settings.upgrade_drain, timeout)
                 for handler in list(self.handlers):
-                    handler.begin_restart()
+                    handler.begin_restart()  # (those that came meanwhile)
                 with anyio.move_on_after(timeout):
                     await self._until_no_handlers()
                 for handler in list(self.handlers):  # clients that do not read their last
