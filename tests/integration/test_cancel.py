@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import (
     HELLO,
@@ -64,3 +66,31 @@ async def test_disconnect(server_process: ServerProcess, pty: bool) -> None:
         assert await wait_until(lambda: not zombie_children(server_process.pid), timeout=1)
     finally:
         kill_group(pgid)
+
+
+async def test_a_cancel_after_the_first_process_returned_hangs_up_what_is_left(
+        server_process: ServerProcess, tmp_path: Path) -> None:
+    """The shell has exited, a background job holds its output pipe: a cancel still hangs
+    the group up (SIGHUP, which the job's trap records), not only SIGKILLs it a grace
+    later."""
+    hung_up = tmp_path / "hup"
+    job = f"(trap 'echo > {hung_up}; exit' HUP; sleep 30 & wait) & echo $!"
+    async with raw_peer(server_process.addresses[0]) as peer:
+        await peer.send(HELLO + ctrl(1, Open(argv=[SH, "-c", job], pty=False)))
+        assert (await peer.next_control())["type"] == "welcome"
+        opened = await peer.next_control()
+        shell = int(opened["pid"])  # type: ignore[call-overload]
+        seen = b""
+        while not seen.endswith(b"\n"):
+            frame = await peer.next_frame()
+            assert frame is not None and frame.kind is FrameKind.STDOUT
+            seen += frame.payload
+        background = int(seen)
+        try:
+            assert await wait_until(lambda: not Path(f"/proc/{shell}").exists(), timeout=10)
+            await peer.send(ctrl(1, Cancel()))
+            await peer.frames_until_eof()
+            assert await wait_until(lambda: not processes_in_group(shell), timeout=10)
+        finally:
+            kill_group(shell)
+    assert hung_up.exists(), f"the job {background} was killed, never hung up"

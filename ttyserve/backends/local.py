@@ -285,7 +285,7 @@ class LocalProcess:
         cgroup, the SIGKILL goes to the whole cgroup (what left the group too), and the end
         waits until it is empty."""
         deadline = time.monotonic() + grace
-        if not self.returned:
+        if not self.returned or group_alive(self.pid):  # (its jobs, after it returned)
             self.hang_up()
         with anyio.move_on_after(grace):
             await self.wait()
