@@ -74,7 +74,8 @@ async def test_a_cancel_after_the_first_process_returned_hangs_up_what_is_left(
     the group up (SIGHUP, which the job's trap records), not only SIGKILLs it a grace
     later."""
     hung_up = tmp_path / "hup"
-    job = f"(trap 'echo > {hung_up}; exit' HUP; sleep 30 & wait) & echo $!"
+    # The job says its pid once its trap is set (no race with the hang-up), then waits.
+    job = f"{SH} -c 'trap \"echo > {hung_up}; exit\" HUP; echo $$; sleep 30 & wait' &"
     async with raw_peer(server_process.addresses[0]) as peer:
         await peer.send(HELLO + ctrl(1, Open(argv=[SH, "-c", job], pty=False)))
         assert (await peer.next_control())["type"] == "welcome"
