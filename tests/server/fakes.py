@@ -23,6 +23,7 @@ from ttyserve.protocol.messages import (
 )
 from ttyserve.protocol.server import HelloReceived, OpenRequested, ServerConnection
 from ttyserve.server.attachment import Attachment
+from ttyserve.server.life import Event
 from ttyserve.server.observer import Observer
 from ttyserve.server.session import ServerSession
 from ttyserve.transport.readiness import Watch
@@ -41,6 +42,10 @@ class FakeWatch:
 
     def stop(self) -> None:
         self.active = False
+
+    def close(self) -> None:
+        self.active = False
+        self.callback = lambda: None
 
 
 class FakeSource:
@@ -231,3 +236,13 @@ def _ctrl(channel: int, message: Hello | Open) -> bytes:
 
 def _hello(window: int | None, multiplex: bool) -> bytes:
     return _ctrl(0, Hello(protocol=1, multiplex=multiplex, window=window))
+
+
+def exited(session: ServerSession, status: Exit, delivered: bool = False) -> None:
+    """Bring ``session``'s life to its exit (reaped, output over, tree settled), as its
+    drivers would; and past its delivery."""
+    session.life.reaped(status)
+    session.life.step(Event.OUTPUT_OVER)
+    session.life.step(Event.SETTLED)
+    if delivered:
+        session.life.step(Event.DELIVERED)

@@ -11,11 +11,13 @@ from pathlib import Path
 import anyio
 import pytest
 from backends.memory import open_memory_backend
-from server.fakes import Wire, controls, make_session
+from server.fakes import Wire, controls, exited, make_session
 
 from ttyserve.errors import ErrorCode, RequestError
 from ttyserve.protocol.messages import Attach, Exit, Open
+from ttyserve.server.attachment import Attachment
 from ttyserve.server.journal import Journal, Reason, SessionStart, read_file
+from ttyserve.server.life import Phase
 from ttyserve.server.registry import SessionRegistry, new_session_id
 from ttyserve.server.session import ServerSession
 from ttyserve.server.settings import ServerSettings
@@ -93,15 +95,17 @@ def test_the_sweeper_hangs_up_the_abandoned_and_drops_uncollected_exits() -> Non
     abandoned.detached_at = ended.detached_at = 100.0
     waiting.detached_at = 105.0
     short.detached_at, short.detached_timeout = 107.0, 2
-    ended.final = delivered.final = Exit(code=0)
+    exited(ended, Exit(code=0))
+    exited(delivered, Exit(code=0), delivered=True)
     delivered.detached_at = delivered.delivered_at = 108.0
     assert reg.sweep(now=110.0) == 111.0  # the next deadline: delivered's
-    assert abandoned.ending is Reason.ABANDONED  # cancelled: killed and reaped, as `cancel`
-    assert short.ending is Reason.ABANDONED  # by its own timeout, not the server's
+    assert abandoned.life.reason is Reason.ABANDONED  # cancelled: killed and reaped, as `cancel`
+    assert short.life.reason is Reason.ABANDONED  # by its own timeout, not the server's
     assert sorted(reg.sessions) == ["abandoned", "attached", "delivered", "short", "waiting"]
-    assert waiting.ending is None and attached.ending is None
+    assert waiting.life.reason is None and attached.life.reason is None
     assert reg.sweep(now=110.9) == 111.0  # nothing moves before its deadline
     assert reg.sweep(now=111.0) == 115.0 and "delivered" not in reg.sessions
+    assert delivered.life.phase is ended.life.phase is Phase.GONE  # (ended: uncollected)
     # On its way out, the abandoned session is expired: an attach now would get no exit.
     assert refused(reg, Attach(session="abandoned")) == ErrorCode.NO_SUCH_SESSION
 
@@ -167,7 +171,7 @@ async def test_an_open_held_by_its_start_record_counts_and_is_hung_up_by_a_shutd
                 with anyio.fail_after(5):
                     await answered.wait()
                 (session,) = opened
-                assert session.ending is Reason.SHUTDOWN
+                assert session.life.reason is Reason.SHUTDOWN
                 reg.start(session)
                 with anyio.fail_after(5):
                     await reg.wait_empty()
@@ -226,9 +230,12 @@ def test_an_ended_session_attached_again_is_kept_from_its_new_delivery() -> None
     to be collected as any ended session does."""
     reg = registry(detached_timeout=600, keep_ended=60)
     ended = registered(reg, "ended")
-    ended.final = Exit(code=0)
+    exited(ended, Exit(code=0), delivered=True)
     ended.delivered_at = ended.detached_at = 100.0
-    Wire().opened(ended)  # attached again (the replay under way: no exit yet)
+    wire = Wire()
+    replaying = Attachment(wire, wire.open_channel(), ended)
+    replaying.live = False  # attached again, the replay under way: no exit yet
+    ended.attach(replaying)
     ended.detach()
     ended.detached_at = 150.0  # (that link lost at 150)
     assert reg.sweep(now=165.0) == 750.0 and "ended" in reg.sessions

@@ -148,7 +148,7 @@ def test_the_exit_waits_for_the_replay_and_follows_it() -> None:
     session.reaped(Exit(code=5))
     assert session.pending_exit == Exit(code=5)
     delivered = []
-    session.on_delivered = lambda: delivered.append(True)
+    session.on_delivered = lambda ended: delivered.append(ended is session)
     wire = Wire(window=1000)
     channel = wire.open_channel()
     attachment = Attachment.attach(wire, channel, session)
@@ -195,17 +195,17 @@ def test_an_exit_whose_channel_had_ended_waits_for_the_next_attach() -> None:
 def test_a_hang_up_is_the_end_reason_only_of_a_process_it_ended() -> None:
     hung_up, _ = make_session()
     hung_up.hang_up()
-    assert hung_up.end_reason(Exit(code=-1, signal="HUP")) is Reason.SHUTDOWN
-    assert hung_up.end_reason(Exit(code=236)) is Reason.EXIT  # it ignored it, and exited
-    assert hung_up.end_reason(None) is Reason.SHUTDOWN  # the watchdog killed it
+    assert hung_up.life.end_reason(Exit(code=-1, signal="HUP")) is Reason.SHUTDOWN
+    assert hung_up.life.end_reason(Exit(code=236)) is Reason.EXIT  # it ignored it, and exited
+    assert hung_up.life.end_reason(None) is Reason.SHUTDOWN  # the watchdog killed it
     exited, process = make_session()
     process.status = Exit(code=-9, signal="KILL")  # it had died before the hang-up
     exited.hang_up()
-    assert exited.end_reason(process.status) is Reason.EXIT and process.hung_up == 1
+    assert exited.life.end_reason(process.status) is Reason.EXIT and process.hung_up == 1
     cancelled, _ = make_session()
     cancelled.cancel()
-    assert cancelled.end_reason(None) is Reason.CANCELLED
-    assert make_session()[0].end_reason(Exit(code=0)) is Reason.EXIT
+    assert cancelled.life.end_reason(None) is Reason.CANCELLED
+    assert make_session()[0].life.end_reason(Exit(code=0)) is Reason.EXIT
 
 
 def test_stdin_the_process_takes_is_counted_and_signals_go_at_once() -> None:

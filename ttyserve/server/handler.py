@@ -159,6 +159,7 @@ class ConnectionHandler:
                 self._leave(attachment)  # cancelled (a forced shutdown): as the client left
             self.outbox.close()
             await self.transport.aclose()
+            self.outbox.release()
             if self._on_closed is not None:
                 self._on_closed(self)  # after the close: "no handlers" means all closed
 

@@ -163,7 +163,8 @@ class OutputPump:
         """No more readiness callbacks, ever (the session is over: its streams are closed)."""
         self.done = True
         if self._watch is not None:
-            self._watch.stop()
+            self._watch.close()
+            self._watch = None
 
     def resume(self) -> None:
         """The sink takes more now (credit, room, the replay ended, or it let go)."""

@@ -54,6 +54,7 @@ from .journal import (
     SessionShare,
     SessionUnshare,
 )
+from .life import Event
 from .observer import Observer
 from .recording import Recording, finish_recording, start_recording
 from .scrollback import OffsetBeyondOutput
@@ -198,7 +199,7 @@ class SessionRegistry:
                                     request.detachable, request.detached_timeout)
             # Shielded: a cancel now must not leave a process without its record, nor its
             # owner.
-            session.recorded = await self._record(lambda journal: journal.append(
+            session.life.recorded = await self._record(lambda journal: journal.append(
                 journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
                                      process.cgroup_path)))
         finally:
@@ -258,7 +259,7 @@ class SessionRegistry:
                                 scrollback=self.settings.scrollback if detachable else None,
                                 detached_timeout=detached_timeout or self.settings.detached_timeout,
                                 kill_leftovers=self._kill_leftovers, typing=self.typing)
-        session.on_delivered = lambda: self._delivered(session)
+        session.on_delivered = self._delivered  # (told the session: no cycle through it)
         return session
 
     def _admitted(self, session: ServerSession) -> ServerSession:
@@ -318,7 +319,7 @@ class SessionRegistry:
         its existence is not revealed)."""
         session = self.sessions.get(session_id)
         if (session is None or not session.detachable or session.owner != owner
-                or session.ending is not None):
+                or session.life.reason is not None):
             raise RequestError(ErrorCode.NO_SUCH_SESSION,
                                "no such session: unknown, ended, or not yours")
         return session
@@ -425,7 +426,7 @@ class SessionRegistry:
         """A session on readiness callbacks alone is over (``status``), or must be ended
         (None: cancelled, a fault). What is left is done at once when nothing has to be
         awaited, else in a task: the kill and the reap, the recording, the journal."""
-        if status is not None and not session.recorded and not session.taps:
+        if status is not None and not session.life.recorded and not session.taps:
             session.close()
             self._ending(session, status)
             self._ended(session)
@@ -443,7 +444,7 @@ class SessionRegistry:
         """What a session leaves behind: its channel's end, its recording, its end record."""
         self._ending(session, status)
         await finish_recording(session)  # its exit, then the file closed: never raises
-        if session.recorded:
+        if session.life.recorded:
             await self._record(lambda journal: journal.append(
                 self._end_record(journal, session, status)))
         self._ended(session)
@@ -453,14 +454,17 @@ class SessionRegistry:
         if session.fault is not None:
             log.error("session %s failed: %r", session.id, session.fault)
         session.stdin.close()
+        if status is None:  # (a fault in its task: ended all the same)
+            session.life.end(Reason.CANCELLED)
         if status is None and session.sink is not None:
             session.sink.lost()  # a fault: the channel ends with exit -1 all the same
+            session.sink = None
         if status is None:  # ended, not exited: observers learn how it died (they saw it all)
             for observer in list(session.observers):
                 observer.finish(session.process.status or LOST)
 
     def _ended(self, session: ServerSession) -> None:
-        session.over = True
+        session.life.over = True
         if self._kept(session):  # for the next attach, in bounded memory
             self.deadline_moved()
         else:
@@ -474,7 +478,7 @@ class SessionRegistry:
                     ) -> SessionEnd:
         final = session.process.status
         return SessionEnd(
-            id=session.id, at=journal.now(), reason=session.end_reason(status),
+            id=session.id, at=journal.now(), reason=session.life.end_reason(status),
             code=final.code if final else None, signal=final.signal if final else None,
             error=final.error if final else None,
             bytes_in=session.bytes_in, bytes_out=session.bytes_out,
@@ -522,6 +526,7 @@ class SessionRegistry:
             self._replan.set()
 
     def _forget(self, session: ServerSession) -> None:
+        session.life.step(Event.FORGOTTEN)
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             for grant in self.grants.of_session(session.id):  # a grant ends with its session
@@ -571,7 +576,7 @@ class SessionRegistry:
             elif session.final is not None:
                 log.info("session %s: its exit was not collected in time: dropped", session.id)
                 self._forget(session)
-            elif session.ending is None:
+            elif session.life.reason is None:
                 log.info("session %s: detached for %g s: hung up", session.id,
                          session.detached_timeout)
                 session.cancel(Reason.ABANDONED)
@@ -694,7 +699,7 @@ class SessionRegistry:
             session = ServerSession.adopted(
                 state, process, self._start_task, linger=self.settings.linger,
                 kill_leftovers=self._kill_leftovers)
-            session.on_delivered = lambda session=session: self._delivered(session)
+            session.on_delivered = self._delivered
             if state.recording is not None:
                 recording = Recording.adopted(state.recording)
                 session.taps.append(recording)

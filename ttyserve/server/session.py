@@ -2,9 +2,11 @@
 
 A session belongs to the server's registry, not to a connection: a connection
 attaches a channel to it (its sink), and the session writes its output there.
-Its life: the process is reaped (its pidfd's readiness), its output read to
-end-of-file or until the linger grace runs out, and only then is the exit
-offered, after every output frame. Where the loop has readiness callbacks for
+Its life (life.py, as data): the process is reaped (its pidfd's readiness), its
+output read to end-of-file or until the linger grace runs out, what it left in
+its cgroup dealt with, and only then is the exit offered, after every output
+frame. Here are its drivers, which feed the life events and carry out the
+actions it answers. Where the loop has readiness callbacks for
 all of it (`start`), that life runs on callbacks alone, with no task; where it
 has not, it runs as one task (`run`). The output is read by the pumps
 (pump.py); the input goes through the stdin queue (stdin.py). Ending the
@@ -31,6 +33,7 @@ from ..protocol.terminal_modes import TerminalModes
 from ..transport.readiness import Watch
 from .handover import ModesState, RecordingState, RingState, SessionState
 from .journal import Reason, now_rfc3339
+from .life import Action, Event, Life, Phase
 from .observer import Observer
 from .pump import OutputPump
 from .scrollback import Scrollback
@@ -133,13 +136,11 @@ class ServerSession:
         self.modes = TerminalModes() if self.ring is not None and spec.pty else None
         self.detached_at: float | None = None  # when it was last left without a sink
         self.detached_timeout = detached_timeout  # seconds it may stay so (section 10)
-        self.final: Exit | None = None  # its exit, once its output is over
+        self.life = Life()  # its phase, status, exit and end reason (life.py)
         self.delivered_at: float | None = None  # when its exit last went out (section 10)
         self.taps: list[Tap] = []  # a recording, say: sees all output
         self.observers: list[Observer] = []  # channels that watch it (section 11)
-        self.on_delivered: Callable[[], None] | None = None  # its exit went out
-        self.ending: Reason | None = None  # why it was ended, when something ended it
-        self.recorded = False  # its start record is in the journal: it gets an end
+        self.on_delivered: Callable[[ServerSession], None] | None = None  # its exit went out
         self.bytes_in = 0
         self.bytes_out = 0
         self.typing = typing  # the server's: while anyone types, others read small
@@ -148,7 +149,6 @@ class ServerSession:
         self.fault: Exception | None = None  # what broke the session's own code
         self._linger = linger
         self._scope: anyio.CancelScope | None = None  # made when it runs
-        self._cancelled = False  # asked to end before it ran
         self._pumps: list[OutputPump] = []
         self._open_streams = 0  # streams not at their end yet
         self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
@@ -158,15 +158,10 @@ class ServerSession:
         self._pump_tasks: list[OutputPump] = []  # pumps with no readiness callbacks
         self._ended: Ended | None = None  # on callbacks alone: told once it is over
         self._linger_timer: asyncio.TimerHandle | None = None
-        self._status: Exit | None = None  # the process's, once reaped
-        self._exit_sent = False  # a session nobody can attach again sends it once
         self._start_task = start_task
         self._kill_leftovers = kill_leftovers  # at a normal end (--leftovers kill)
-        self._tree_settled = False  # what its process left running was killed or left
-        self._settling = False  # a task kills what it left and waits for the end
         self._redrawn_at = -math.inf  # when the program was last told to redraw
         self.released = False  # its process reaped and its descriptors closed
-        self.over = False  # its end is all done (records written): the registry's to say
 
     @property
     def pid(self) -> int:
@@ -177,9 +172,14 @@ class ServerSession:
         return self.ring is not None
 
     @property
+    def final(self) -> Exit | None:
+        """Its exit, once its output is over and its tree dealt with."""
+        return self.life.final
+
+    @property
     def pending_exit(self) -> Exit | None:
         """Its exit, when no client has had it yet (kept for the next attach)."""
-        return self.final if self.detachable and self.delivered_at is None else None
+        return self.life.final if self.detachable and self.life.exit_ready else None
 
     # --- what the connection and the registry ask ---------------------------------
 
@@ -188,6 +188,7 @@ class ServerSession:
         self.sink = sink
         self.detached_at = None
         self.delivered_at = None  # an ended one: kept again once its exit goes out again
+        self.life.step(Event.ATTACHED)  # (its exit is offered below, once the replay is over)
         self.sink_ready()
 
     def detach(self) -> None:
@@ -209,8 +210,8 @@ class ServerSession:
         told how many watch, and an ended session's exit is the observer's to send."""
         self.observers.append(observer)
         self._tell_audience()
-        if self.final is not None:
-            observer.finish(self.final)
+        if self.life.final is not None:
+            observer.finish(self.life.final)
 
     def remove_observer(self, observer: Observer) -> None:
         if observer in self.observers:
@@ -223,9 +224,8 @@ class ServerSession:
 
     def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
         """End the session now: kill and reap its processes, send nothing more."""
-        self.ending = self.ending or reason
-        self._cancelled = True
-        self._end_now()
+        if self.life.end(reason) is Action.KILL:
+            self._end_now()
 
     def _end_now(self) -> None:
         """Cancelled, or a fault: its task's scope is cancelled; a session on callbacks alone
@@ -240,25 +240,14 @@ class ServerSession:
         """The scope the session's task runs in: cancelling it is the cancel path (made when
         the task is, since a scope needs the running loop)."""
         self._scope = anyio.CancelScope()
-        if self._cancelled:
+        if self.life.ended:
             self._scope.cancel()
         return self._scope
 
     def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
         """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
         if self.process.hang_up():
-            self.ending = self.ending or reason
-
-    def end_reason(self, status: Exit | None) -> Reason:
-        """The journal's `reason` for a session that ended with ``status`` (None: it was
-        cancelled, so it never sent one). A process that exited by itself, with a code of
-        its own, ends with `exit` whatever else happened meanwhile; a hang-up is the reason
-        only for a process it ended (a death by a signal after the hang-up)."""
-        if status is None:
-            return self.ending or Reason.CANCELLED
-        if self.ending is Reason.SHUTDOWN and status.signal is not None:
-            return Reason.SHUTDOWN
-        return Reason.EXIT
+            self.life.reason = self.life.reason or reason
 
     def feed_stdin(self, data: bytes) -> int:
         """Input for the process: the bytes it took now (the rest is queued)."""
@@ -283,7 +272,7 @@ class ServerSession:
         """A terminal attached afresh: SIGWINCH to the foreground program, which redraws
         (not again within ``unless_within`` seconds of the last one)."""
         now = time.monotonic()
-        if self.final is None and now - self._redrawn_at >= unless_within:
+        if self.life.final is None and now - self._redrawn_at >= unless_within:
             self._redrawn_at = now
             self.process.send_signal(signal.SIGWINCH)
 
@@ -340,12 +329,11 @@ class ServerSession:
         if not self._open_streams:
             if self._settled is not None:
                 self._settled.set()
-            self._offer_exit()
-            self._tell_if_over()
+            self._act(self.life.step(Event.OUTPUT_OVER))
 
     def pump_failed(self, error: Exception) -> None:
         self.fault = error
-        self._end_now()
+        self._act(self.life.end(Reason.CANCELLED))
 
     # --- the life cycle -----------------------------------------------------------------
 
@@ -359,7 +347,7 @@ class ServerSession:
         if self._pump_tasks or self._exit_watch is None:
             return False
         self._ended = ended
-        if self._cancelled:
+        if self.life.ended:
             self._end_now()
         else:
             self._tell_if_over()
@@ -399,8 +387,9 @@ class ServerSession:
     def in_transition(self) -> bool:
         """Whether it is being ended, or is over but not yet let go (its end record, its
         leftovers): an upgrade waits for that to finish."""
-        return not self.over and (
-            self.ending is not None or self._settling or self.output_over)
+        life = self.life
+        return not life.over and (life.reason is not None or life.phase not in (
+            Phase.RUNNING, Phase.QUIET, Phase.DRAINING))
 
     def handover(self, dry: bool = False) -> SessionState:
         """What new code in this process needs to go on with this detached session (an upgrade
@@ -416,9 +405,9 @@ class ServerSession:
             id=self.id, pid=self.pid, owner=self.owner, peer=self.peer, started=self.started,
             argv=spec.argv, pty=spec.pty, rows=self.size[0], cols=self.size[1], term=spec.term,
             env=spec.env, cwd=spec.cwd, detached_at=self.detached_at,
-            detached_timeout=self.detached_timeout, final=self.final,
-            delivered_at=self.delivered_at, recorded=self.recorded, bytes_in=self.bytes_in,
-            bytes_out=self.bytes_out, tree_settled=self._tree_settled,
+            detached_timeout=self.detached_timeout, final=self.life.final,
+            delivered_at=self.delivered_at, recorded=self.life.recorded,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out, tree_settled=self.output_over,
             ring=RingState(size=ring.size, dropped=ring.dropped,
                            start=(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR]),
                            end=(ring.end[FrameKind.STDOUT], ring.end[FrameKind.STDERR]),
@@ -450,38 +439,38 @@ class ServerSession:
         session.started = state.started
         session.detached_at = state.detached_at
         session.delivered_at = state.delivered_at
-        session.recorded = state.recorded
         session.bytes_in, session.bytes_out = state.bytes_in, state.bytes_out
-        session._tree_settled = state.tree_settled
-        if state.final is not None:  # over: its exit waits for a client
-            session.final = session._status = state.final
-            session.released = session.over = True
+        life = session.life
+        life.recorded = state.recorded
+        if state.final is not None:  # over: its exit waits for a client, or was delivered
+            life.status = life.final = state.final
+            life.phase = Phase.EXITED if state.delivered_at is None else Phase.DELIVERED
+            session.released = life.over = True
         return session
 
     async def _run(self) -> Exit:
         if self._exit_watch is not None:
             self._exit_watch.stop()  # this task waits for the exit instead
-        if self._status is None:
+        if self.life.status is None:
             self.reaped(await self.process.wait())
         if self._open_streams:
             with anyio.move_on_after(self._linger):
                 await self._until_settled()
             self._linger_over()
             await self._until_settled()
-        if not self._settle_tree():
+        if self.life.phase is Phase.SETTLING:  # (what it left could not be killed at once)
             await self._kill_tree()
-        assert self._status is not None
-        return self._status
+        assert self.life.status is not None
+        return self.life.status
 
     def reaped(self, status: Exit) -> None:
         """The process has ended with ``status``: the exit goes once the output has (within
         the linger grace, where the loop keeps time for the session)."""
-        self._status = status
+        action = self.life.reaped(status)
         if self._open_streams and self._ended is not None:  # the loop keeps the time
             self._linger_timer = asyncio.get_running_loop().call_later(
                 self._linger, self._linger_over)
-        self._offer_exit()
-        self._tell_if_over()
+        self._act(action)
 
     def _linger_over(self) -> None:
         """The linger ran out: each stream sends what is buffered now, then stops."""
@@ -490,69 +479,78 @@ class ServerSession:
         for pump in self._pumps:
             pump.last_chunk()
 
+    def _act(self, action: Action | None) -> None:
+        """Carry out what a step of the life asked for; then tell the registry if the
+        session is over on callbacks alone."""
+        if action is Action.SETTLE:
+            self._settle_tree()
+        elif action is Action.FINAL:
+            self._final()
+        elif action is Action.KILL:
+            self._end_now()
+        self._tell_if_over()
+
     def _tell_if_over(self) -> None:
         if self.output_over and (ended := self._ended) is not None:
             self._ended = None
-            ended(self, self._status)
+            ended(self, self.life.status)
 
     @property
     def output_over(self) -> bool:
         """Whether the process was reaped, every stream reached its end (or was cut short by
         the linger) and what the process left running in its cgroup is dealt with: nothing
         more is read, the exit may go."""
-        return self._status is not None and not self._open_streams and self._tree_settled
+        return self.life.phase in (Phase.EXITED, Phase.DELIVERED, Phase.GONE)
 
-    def _settle_tree(self) -> bool:
+    def _settle_tree(self) -> None:
         """Once the output is over: kill what the process left running (--leftovers kill, or
-        a session being ended), or leave it. Whether that is done; where it has to wait,
-        a task does it on callbacks alone (`run` does it itself)."""
-        if self._tree_settled or self._settling:  # (a task kills it: nothing to look at)
-            return self._tree_settled
-        kill = self._kill_leftovers or self.ending is not None
+        a session being ended), or leave it. Where that has to wait, a task does it on
+        callbacks alone (`run` does it itself)."""
+        kill = self._kill_leftovers or self.life.reason is not None
         if self.process.settle_nowait(kill):
-            self._tree_settled = True
-        elif self._ended is not None and not self._settling:
-            self._settling = True
+            self._act(self.life.step(Event.SETTLED))
+        elif self._ended is not None:
             self._start_task(self._kill_tree)
-        return self._tree_settled
 
     async def _kill_tree(self) -> None:
         """Kill what the process left running and wait until it is gone; then the exit."""
         await self.process.settle(kill=True)
-        self._tree_settled = True
+        self._act(self.life.step(Event.SETTLED))
+
+    def _final(self) -> None:
+        """The exit is final (the first time): the recording's last event, the observers'
+        exits; then it is offered to the writer."""
+        final = self.life.final
+        assert final is not None
+        for tap in self.taps:
+            tap.exited(final)
+        for observer in list(self.observers):
+            observer.finish(final)
         self._offer_exit()
-        self._tell_if_over()
 
     def _offer_exit(self) -> None:
-        """The one place the exit goes out: once the output is over (`output_over`), after
-        every output frame, to the sink whose replay is over, as the sink's last frame. A
-        detachable session keeps it (`final`) for each later attach, until the registry
-        forgets the session."""
-        status = self._status
-        if status is None or self._open_streams or self._exit_sent or not self._settle_tree():
+        """The one place the exit goes out: once the life says it is ready (after every
+        output frame), to the sink whose replay is over, as the sink's last frame. A
+        detachable session keeps it for each later attach, until the registry forgets the
+        session."""
+        status = self.life.final
+        if not self.life.exit_ready or status is None:
             return
-        if self.final is None:  # the first time: the recording's last event
-            self.final = status
-            for tap in self.taps:
-                tap.exited(status)
-            for observer in list(self.observers):
-                observer.finish(status)
         sink = self.sink
         if sink is not None and sink.live:
             self.sink = None
             if sink.send_exit(status):
-                if not self.detachable:
-                    self._exit_sent = True
-                    return
-                # Kept a while all the same (section 10's --keep-ended): the client may not
-                # have read it before its connection broke, and attaches again for it.
-                self.delivered_at = self.detached_at = time.monotonic()
-                if self.on_delivered is not None:
-                    self.on_delivered()
+                self.life.step(Event.DELIVERED)
+                if self.detachable:
+                    # Kept a while all the same (section 10's --keep-ended): the client may
+                    # not have read it before its connection broke, and attaches again for it.
+                    self.delivered_at = self.detached_at = time.monotonic()
+                    if self.on_delivered is not None:
+                        self.on_delivered(self)
                 return
             self.detached_at = time.monotonic()  # its channel had ended: as detached
         if not self.detachable:
-            self._exit_sent = True  # nobody can attach: the exit has nowhere to go
+            self.life.step(Event.DELIVERED)  # nobody can attach: the exit has nowhere to go
 
     async def _until_settled(self) -> None:
         while self._open_streams:
@@ -596,11 +594,15 @@ class ServerSession:
         self._stderr_pump().readable()
 
     def _stop_pumps(self) -> None:
+        """No more reading, and what read is let go: the pumps, watches and timer hold the
+        session (cycles that would keep an ended one until a collection)."""
         if self._exit_watch is not None:
-            self._exit_watch.stop()
+            self._exit_watch.close()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         for pump in self._pumps:
             pump.stop()
         if self._stderr_watch is not None:
-            self._stderr_watch.stop()
+            self._stderr_watch.close()
+        self._pumps, self._pump_tasks = [], []
+        self._exit_watch = self._stderr_watch = self._stderr = self._linger_timer = None

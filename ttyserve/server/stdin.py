@@ -31,6 +31,10 @@ _CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 _NOTHING_QUEUED: collections.deque[bytes | Eof] = collections.deque()
 
 
+def _nothing_consumed(size: int) -> None:
+    """The consumer of a closed queue."""
+
+
 class StdinQueue:
     """What a session's process has not taken of its input yet."""
 
@@ -91,10 +95,12 @@ class StdinQueue:
             await room.wait()
 
     def close(self) -> None:
-        """The session is over: drop the queue, release any feeder waiting for room."""
+        """The session is over: drop the queue, release any feeder waiting for room, let go
+        of the session's callback (a cycle through it)."""
         self._broken = True
         self._queue.clear()
         self._queued = 0
+        self._consumed = _nothing_consumed
         self._wake_feeders()
 
     def _append(self, item: bytes | Eof) -> None:

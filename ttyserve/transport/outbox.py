@@ -157,6 +157,11 @@ class Outbox:
         if not self._writing:
             self._set_done()
 
+    def release(self) -> None:
+        """Its owner is done with it: the callbacks go (they hold the owner, and would keep
+        it until a collection)."""
+        self._on_broken = self._on_room = None
+
     async def wait_done(self) -> None:
         """Until everything pushed was sent after `close`, or the connection broke."""
         if not self._done:

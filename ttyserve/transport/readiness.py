@@ -69,6 +69,16 @@ class Watch:
             self.active = False
             self._loop.remove_reader(self._fd)
 
+    def close(self) -> None:
+        """Stop for good, and let go of the callback (which may hold what holds the watch:
+        a cycle that would wait for a collection)."""
+        self.stop()
+        self._callback = _nothing
+
+
+def _nothing() -> None:
+    """The callback of a closed watch."""
+
 
 def watch_readable(fd: int, callback: Callable[[], None]) -> Watch | None:
     """A started `Watch` of ``fd``, or None where the loop has no readiness callbacks
@@ -135,7 +145,9 @@ class ReadableService:
         try:
             await done
         finally:
-            self._done = None
+            # The future holds what the callback raised, whose traceback holds this frame:
+            # a cycle through the callback's owner, kept until a collection, unless cut.
+            self._done = done = None  # type: ignore[assignment]
             loop.remove_reader(fd)
             if self._timer is not None:
                 self._timer.cancel()
