@@ -25,6 +25,7 @@ import time
 from ..addresses import default_address
 from ..exitcodes import ServeExit
 
+STDIN, STDOUT = 0, 1  # the carrier's two ends, relayed
 RELAY_READ = 64 * 1024  # one read of either side
 START_WAIT = 10.0  # seconds a server started here has to answer on its socket
 _ABSENT = frozenset({errno.ENOENT, errno.ECONNREFUSED})  # nobody answers there (yet)
@@ -94,26 +95,14 @@ def _relay(sock: socket.socket) -> None:
     Each direction holds one read at most, so neither side can grow our memory, and a
     direction that waits never stops the other."""
     sock.setblocking(False)
-    stdin, stdout = 0, 1
-    os.set_blocking(stdin, False)
-    os.set_blocking(stdout, False)
+    os.set_blocking(STDIN, False)
+    os.set_blocking(STDOUT, False)
     up = b""  # read from stdin, not yet sent to the server
     down = b""  # read from the server, not yet written to stdout
     up_open = down_open = True
     with selectors.DefaultSelector() as selector:
         while down_open or down:  # (what the server still sends after our stdin's end goes)
-            wanted: list[tuple[int, int]] = []
-            if up:
-                wanted.append((sock.fileno(), selectors.EVENT_WRITE))
-            elif up_open and down_open:
-                wanted.append((stdin, selectors.EVENT_READ))
-            if down:
-                wanted.append((stdout, selectors.EVENT_WRITE))
-            elif down_open:
-                wanted.append((sock.fileno(), selectors.EVENT_READ))
-            events: dict[int, int] = {}
-            for fd, event in wanted:
-                events[fd] = events.get(fd, 0) | event
+            events = _interest(sock.fileno(), up, down, up_open, down_open)
             for fd, mask in events.items():
                 selector.register(fd, mask)
             ready = selector.select()
@@ -122,8 +111,8 @@ def _relay(sock: socket.socket) -> None:
             for key, mask in ready:
                 fd = key.fd
                 try:
-                    if fd == stdin and mask & selectors.EVENT_READ:
-                        up = os.read(stdin, RELAY_READ)
+                    if fd == STDIN and mask & selectors.EVENT_READ:
+                        up = os.read(STDIN, RELAY_READ)
                         if not up:
                             up_open = False
                             with contextlib.suppress(OSError):
@@ -134,9 +123,24 @@ def _relay(sock: socket.socket) -> None:
                         down = sock.recv(RELAY_READ)
                         if not down:
                             down_open = False
-                    if fd == stdout and mask & selectors.EVENT_WRITE and down:
-                        down = down[os.write(stdout, down):]
+                    if fd == STDOUT and mask & selectors.EVENT_WRITE and down:
+                        down = down[os.write(STDOUT, down):]
                 except BlockingIOError:
                     continue
                 except OSError:
                     return  # either side broke: the connection is over, the sessions go on
+
+
+def _interest(sock: int, up: bytes, down: bytes, up_open: bool, down_open: bool) -> dict[int, int]:
+    """What each descriptor is waited for: a direction holding a read waits to write it,
+    else to read again (stdin only while the server still sends)."""
+    events: dict[int, int] = {}
+    if up:
+        events[sock] = selectors.EVENT_WRITE
+    elif up_open and down_open:
+        events[STDIN] = selectors.EVENT_READ
+    if down:
+        events[STDOUT] = selectors.EVENT_WRITE
+    elif down_open:
+        events[sock] = events.get(sock, 0) | selectors.EVENT_READ
+    return events
