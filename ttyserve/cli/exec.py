@@ -203,21 +203,29 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
         except OSError as exc:
             say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
             data = b""
-        if not data:
-            if detach is not None and detach.holding:
-                await session.send(detach.release())
-            if not (pty and os.isatty(0)):
-                await session.eof()
+        if await _send_stdin(session, data, pty, detach):
             return
-        if detach is not None:
-            data, detaching = detach.feed(data)
-            if data:
-                await session.send(data)
-            if detaching:
-                await session.detach()
-                return
-            continue
-        await session.send(data)
+
+
+async def _send_stdin(session: Session, data: bytes, pty: bool,
+                      detach: DetachKey | None) -> bool:
+    """One read of stdin to the session, or its end (empty) as `eof`; True once the pump is
+    done: at that end, or when ``detach`` saw its sequence (the session is detached)."""
+    if not data:
+        if detach is not None and detach.holding:
+            await session.send(detach.release())
+        if not (pty and os.isatty(0)):
+            await session.eof()
+        return True
+    if detach is not None:
+        data, detaching = detach.feed(data)
+        if data:
+            await session.send(data)
+        if detaching:
+            await session.detach()
+        return detaching
+    await session.send(data)
+    return False
 
 
 async def _watch_stdin(session: Session, detach: DetachKey | None) -> None:
