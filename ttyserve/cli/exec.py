@@ -252,7 +252,7 @@ async def _watch_stdin(session: Session, detach: DetachKey | None) -> None:
 async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                   signals: AsyncIterator[int], detach: DetachKey | None = None,
                   detach_on_hangup: bool = False) -> int:
-    abort: ExecFailure | None = None
+    aborts: list[ExecFailure] = []  # why the session is cancelled: a second SIGINT, output closed
     modes = TerminalModes() if raw else None  # what the session set our terminal to
     prologue: str | None = None
 
@@ -267,33 +267,10 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 modes.feed(prologue.encode())
 
     restore_modes()
-
-    async def forward_signals(tg: anyio.abc.TaskGroup) -> None:
-        """Each signal is told in a task of its own: one that waits (for a resume, say)
-        never keeps the next from being seen, a second SIGINT above all."""
-        nonlocal abort
-        interrupted = False
-        async for signum in signals:
-            if session.role == OBSERVER:  # it changes nothing there: a signal to stop leaves
-                if signum != signal.SIGWINCH:
-                    tg.start_soon(_quietly, session.detach())
-                continue
-            if signum == signal.SIGWINCH:
-                if pty:
-                    tg.start_soon(_quietly, session.resize(
-                        *terminal.window_size(0 if raw else 1)))
-            elif signum == signal.SIGINT and interrupted:
-                abort = second_interrupt()
-                tg.cancel_scope.cancel()
-            elif signum == signal.SIGHUP and detach_on_hangup:
-                tg.start_soon(_quietly, session.detach())  # our terminal went away
-            else:
-                interrupted = interrupted or signum == signal.SIGINT
-                tg.start_soon(_quietly, session.signal(FORWARDED[signal.Signals(signum)]))
-
     lost: ConnectionLost | RemoteProtocolError | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_quietly, forward_signals(tg))
+        tg.start_soon(_quietly, _forward_signals(session, signals, tg, pty, raw,
+                                                 detach_on_hangup, aborts))
         tg.start_soon(_quietly, _pump_stdin(session, pty, detach))
         detached: SessionDetached | None = None
         try:
@@ -301,7 +278,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
                 try:
                     out.data(chunk.stream, chunk.data)
                 except BrokenPipeError:
-                    abort = output_closed()
+                    aborts.append(output_closed())
                     break
                 if modes is not None:
                     modes.feed(chunk.data)
@@ -321,13 +298,37 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
         raise DetachedHere(session.id, detached.reason)
     if lost is not None:
         raise lost
-    if abort is not None:
+    if aborts:
         with anyio.move_on_after(GOODBYE_WAIT):  # (a resume under way may never come back)
             await session.cancel()
-        raise abort
+        raise aborts[-1]
     assert session.status is not None
     out.event("exit", **members(session.status))
     return exec_exit_code(session.status)
+
+
+async def _forward_signals(session: Session, signals: AsyncIterator[int],
+                           tg: anyio.abc.TaskGroup, pty: bool, raw: bool,
+                           detach_on_hangup: bool, aborts: list[ExecFailure]) -> None:
+    """Each signal is told in a task of its own: one that waits (for a resume, say) never
+    keeps the next from being seen, a second SIGINT above all (added to ``aborts``)."""
+    interrupted = False
+    async for signum in signals:
+        if session.role == OBSERVER:  # it changes nothing there: a signal to stop leaves
+            if signum != signal.SIGWINCH:
+                tg.start_soon(_quietly, session.detach())
+            continue
+        if signum == signal.SIGWINCH:
+            if pty:
+                tg.start_soon(_quietly, session.resize(*terminal.window_size(0 if raw else 1)))
+        elif signum == signal.SIGINT and interrupted:
+            aborts.append(second_interrupt())
+            tg.cancel_scope.cancel()
+        elif signum == signal.SIGHUP and detach_on_hangup:
+            tg.start_soon(_quietly, session.detach())  # our terminal went away
+        else:
+            interrupted = interrupted or signum == signal.SIGINT
+            tg.start_soon(_quietly, session.signal(FORWARDED[signal.Signals(signum)]))
 
 
 async def _exec(options: ExecOptions) -> int:
