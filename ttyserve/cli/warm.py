@@ -34,9 +34,16 @@ from ..defaults import WARM_IDLE
 from ..runtime import runtime_path
 from ..version import __version__
 
+TYPE_CHECKING = False  # (typing's costs its import; mypy reads any TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    import selectors
+    import socket
+    from typing import NoReturn
+
 WARM_ENV = "TTYSERVE_WARM"  # "0": neither use nor start a warm server
 MAGIC = b"ttyserve-warm-2"  # the request's first field: the stub and server speak one format
 FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM)  # passed on
+STOPPING = {_signal.SIGTERM, _signal.SIGINT}  # stop the warm server (WarmServer.stop)
 REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
 HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
 STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
@@ -278,11 +285,6 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
     """Wait for stubs on ``path``; fork a child running each one's command; end after
     ``idle`` seconds with no child and no connection. 0 also when another one holds it."""
     import fcntl
-    import importlib
-    import selectors
-    import signal
-    import socket
-    import time
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -298,62 +300,107 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
              "whose children are confined otherwise, as after `unshare --pid`): not serving")
         os.close(lock)
         return 0
-    from ..exitcodes import ExecExit
-    from .main import build_parser
-    from .main import main as full_main
+    server = WarmServer(path, lock, confinement)
+    try:
+        return server.serve(idle)
+    finally:
+        server.remove_socket()
+        server.close_all()
 
-    for name in PRELOADED:
-        importlib.import_module(name)
-    for command in ("serve", "exec"):
-        build_parser(command)  # each child parses its command line with it: built once, here
-    os.chdir("/")  # holds no directory of the stub that started it (each child takes its own)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if os.path.exists(path):
-        os.unlink(path)  # ours to replace: we hold the lock, so its server is gone
-    listener.bind(path)
-    os.chmod(path, 0o600)
-    bound = os.stat(path).st_ino  # the file to remove at the end, if it is still ours
-    listener.listen(128)
-    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_write)
-    handlers = {signum: signal.getsignal(signum)
-                for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
-    ending = False  # told to stop: no new commands; those running finish and hear back
+class WarmServer:
+    """A warm server's listener, lock and wake-up pipe, and its children, each with its stub's
+    connection (which hears the child's pid, then its exit code)."""
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal ending
-        if ending or not children:
-            raise SystemExit(0)  # through the `finally` below: the socket goes with us
-        ending = True
+    def __init__(self, path: str, lock: int, confinement: bytes) -> None:
+        """Import what every child would, listen on ``path``, and take the signals."""
+        import importlib
+        import selectors
+        import signal
+        import socket
+        import time
 
-    stopping = {signal.SIGTERM, signal.SIGINT}
-    for signum in stopping:
-        signal.signal(signum, stop)
-    sys.stdout.write(f"listening {path}\n")  # (to /dev/null when a stub started it)
-    sys.stdout.flush()
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
-    selector.register(wake_read, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}  # each child's stub connection
-    quiet_since = time.monotonic()
+        from .main import build_parser
 
-    def close_all() -> None:
-        """What the child must not keep: the listener, the stubs, the wake-up pipe, the lock."""
-        signal.set_wakeup_fd(-1)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        selector.close()
-        listener.close()
-        for stub in children.values():
-            stub.close()
-        os.close(wake_read)
-        os.close(wake_write)
-        os.close(lock)
+        for name in PRELOADED:
+            importlib.import_module(name)
+        for command in ("serve", "exec"):
+            build_parser(command)  # each child parses its command line with it: built once, here
+        os.chdir("/")  # holds no directory of the stub that started it (each child takes its own)
+        self.path = path
+        self.lock = lock
+        self.confinement = confinement
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(path):
+            os.unlink(path)  # ours to replace: we hold the lock, so its server is gone
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.bound = os.stat(path).st_ino  # the file to remove at the end, if it is still ours
+        self.listener.listen(128)
+        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_write)
+        self.handlers = {signum: signal.getsignal(signum)
+                         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)}
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        self.ending = False  # told to stop: no new commands; those running finish and hear back
+        self.children: dict[int, socket.socket] = {}  # each child's stub connection
+        for signum in STOPPING:
+            signal.signal(signum, self.stop)
+        sys.stdout.write(f"listening {path}\n")  # (to /dev/null when a stub started it)
+        sys.stdout.flush()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self.wake_read, selectors.EVENT_READ)
+        self.quiet_since = time.monotonic()
 
-    def start(stub: socket.socket) -> None:
-        nonlocal ending
+    def stop(self, signum: int, frame: object) -> None:
+        """SIGTERM, SIGINT: end once the children have; at once without any, or at a second."""
+        if self.ending or not self.children:
+            raise SystemExit(0)  # through serve_warm's `finally`: the socket goes with us
+        self.ending = True
+
+    def serve(self, idle: float) -> int:
+        """Start each stub's command, reap the children; 0 once ending with none left, or
+        ``idle`` seconds after the last one."""
+        import time
+
+        while True:
+            if self.ending and self.listener.fileno() != -1:
+                self.selector.unregister(self.listener)
+                self.listener.close()
+                self.remove_socket()  # meanwhile new commands run by themselves, not queued here
+            timeout = None if self.children else self.quiet_since + idle - time.monotonic()
+            if (timeout is not None and timeout <= 0) or (self.ending and not self.children):
+                return 0
+            for key, _ in self.selector.select(timeout):
+                self.ready(key)
+            self.reap()
+
+    def ready(self, key: selectors.SelectorKey) -> None:
+        """One readable descriptor: the listener (a stub), the wake-up pipe, or a stub."""
+        import signal
+        import socket
+
+        if key.fileobj is self.listener:
+            stub, _ = self.listener.accept()
+            self.start(stub)
+        elif key.fileobj == self.wake_read:
+            try:
+                os.read(self.wake_read, 4096)  # the signals' bytes: reap() looks at all
+            except BlockingIOError:
+                pass
+        elif isinstance(key.fileobj, socket.socket):
+            # A stub says nothing after its request: readable means it is gone (killed),
+            # and its server ends as a carrier's far side ends when the carrier dies.
+            self.selector.unregister(key.fileobj)
+            os.kill(key.data, signal.SIGTERM)
+
+    def start(self, stub: socket.socket) -> None:
+        """Fork a child running ``stub``'s command, and tell the stub its pid; a caller
+        confined otherwise than this server is refused (it runs cold)."""
+        import selectors
+        import signal
+
         request = _read_request(stub)
         if request is None:
             stub.close()
@@ -365,78 +412,84 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
             for fd in fds:
                 os.close(fd)
             stub.close()
-            if now != confinement:  # moved or re-limited from outside: serve nobody more
-                ending = True
+            if now != self.confinement:  # moved or re-limited from outside: serve nobody more
+                self.ending = True
             return
         sys.stdout.flush()
         sys.stderr.flush()
         # No stop() between the fork and the stub's answer, in either process: the stub
         # must never run the command itself while a child runs it too.
-        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                close_all()
-                stub.close()
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
-                os.setsid()
-                for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
-                for fd in fds:
-                    if fd > 2:
-                        os.close(fd)
-                os.environ.clear()
-                os.environ.update(env)
-                os.chdir(cwd)
-                os.umask(umask)
-                sys.argv = ["ttyserve", *args]
-                full_main(args)
-            except SystemExit as exc:  # (sys.exit() is 0, sys.exit("text") 1)
-                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                try:  # nothing raised here may reach the warm server's own `finally`
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+            self.child(stub, fds, args, env, cwd, umask)
         for fd in fds:
             os.close(fd)
         try:
             stub.sendall(STARTED + pid.to_bytes(4, "big"))
         except OSError:
             os.kill(pid, signal.SIGTERM)  # its stub is gone already
-        children[pid] = stub
-        selector.register(stub, selectors.EVENT_READ, pid)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
+        self.children[pid] = stub
+        self.selector.register(stub, selectors.EVENT_READ, pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
 
-    def remove_socket() -> None:
-        """The socket's file, if it is still the one bound here."""
+    def child(self, stub: socket.socket, fds: list[int], args: list[str], env: dict[str, str],
+              cwd: str, umask: int) -> NoReturn:
+        """The forked child: the stub's descriptors, environment, cwd and umask, then its
+        command, as `ttyserve` run there would; exits with its status."""
+        import signal
+
+        from .main import main as full_main
+
+        code = 1
         try:
-            if os.stat(path).st_ino == bound:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
+            self.close_all()
+            stub.close()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(cwd)
+            os.umask(umask)
+            sys.argv = ["ttyserve", *args]
+            full_main(args)
+        except SystemExit as exc:  # (sys.exit() is 0, sys.exit("text") 1)
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
 
-    def reap() -> None:
-        nonlocal quiet_since
-        while children:
+            traceback.print_exc()
+        finally:
+            try:  # nothing raised here may reach the warm server's own `finally`
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
+    def reap(self) -> None:
+        """Each child that ended: its exit code to its stub, as a shell would give it."""
+        import time
+
+        from ..exitcodes import ExecExit
+
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            stub = children.pop(pid)
+            stub = self.children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
             if code < 0:  # a death by a signal: as a shell says it, and exec a remote one
                 code = ExecExit.SIGNAL_BASE - code
             try:
-                selector.unregister(stub)
+                self.selector.unregister(stub)
             except KeyError:
                 pass  # its stub had gone
             try:
@@ -444,35 +497,30 @@ def serve_warm(path: str, idle: float = WARM_IDLE) -> int:
             except OSError:
                 pass  # the stub was killed: nobody waits for the status
             stub.close()
-            quiet_since = time.monotonic()
+            self.quiet_since = time.monotonic()
 
-    try:
-        while True:
-            if ending and listener.fileno() != -1:
-                selector.unregister(listener)
-                listener.close()
-                remove_socket()  # meanwhile new commands run by themselves, not queued here
-            timeout = None if children else quiet_since + idle - time.monotonic()
-            if (timeout is not None and timeout <= 0) or (ending and not children):
-                return 0
-            for key, _ in selector.select(timeout):
-                if key.fileobj is listener:
-                    stub, _ = listener.accept()
-                    start(stub)
-                elif key.fileobj == wake_read:
-                    try:
-                        os.read(wake_read, 4096)  # the signals' bytes: reap() looks at all
-                    except BlockingIOError:
-                        pass
-                elif isinstance(key.fileobj, socket.socket):
-                    # A stub says nothing after its request: readable means it is gone (killed),
-                    # and its server ends as a carrier's far side ends when the carrier dies.
-                    selector.unregister(key.fileobj)
-                    os.kill(key.data, signal.SIGTERM)
-            reap()
-    finally:
-        remove_socket()
-        close_all()
+    def remove_socket(self) -> None:
+        """The socket's file, if it is still the one bound here."""
+        try:
+            if os.stat(self.path).st_ino == self.bound:
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close_all(self) -> None:
+        """What the child must not keep: the listener, the stubs, the wake-up pipe, the lock."""
+        import signal
+
+        signal.set_wakeup_fd(-1)
+        for signum, handler in self.handlers.items():
+            signal.signal(signum, handler)
+        self.selector.close()
+        self.listener.close()
+        for stub in self.children.values():
+            stub.close()
+        os.close(self.wake_read)
+        os.close(self.wake_write)
+        os.close(self.lock)
 
 
 def _read_request(stub: _socket.socket) -> tuple[bytes, list[int], list[str], dict[str, str],
