@@ -6,7 +6,9 @@ handshake deadline, the channel-to-session table and the close. The handler is
 the one object that drives the connection's core: it frames what sessions send
 through their attachments, and it ends channels itself (cancel, detach, the
 connection's end), so a keystroke, a grant of credit and a detach each go one
-way through the layers.
+way through the layers. Two parts live apart, for size: the answers to what the client
+asks of sessions (requests.py) and the checks of the client, its `hello` and its
+heartbeat (peer_checks.py).
 """
 
 from __future__ import annotations
@@ -15,28 +17,22 @@ import asyncio
 import functools
 import logging
 import math
-import select
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.abc
 
 from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
-from ..errors import ErrorCode, RemoteProtocolError, RequestError
+from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameKind
-from ..protocol.heartbeat import Beat, Heartbeat
+from ..protocol.heartbeat import Heartbeat
 from ..protocol.messages import (
-    OBSERVER,
     Attached,
     Eof,
     Exit,
     Offsets,
-    Opened,
-    Sessions,
-    Shared,
-    Unshared,
 )
 from ..protocol.server import (
     AttachRequested,
@@ -66,24 +62,21 @@ from ..transport.streams import (
     Transport,
     close_gracefully,
 )
-from ..version import __version__
 from .attachment import Attachment
 from .auth import Gate, Peer
 from .grants import Grant
-from .journal import SessionAttach, SessionDetach
 from .observer import Observer
+from .peer_checks import PeerChecks
 from .registry import SessionRegistry, restarting, shutting_down
-from .session import ServerSession
+from .requests import Later, SessionRequests
 
 log = logging.getLogger("ttyserve")
 
-SERVER_NAME = f"ttyserve/{__version__}"
-Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 T = TypeVar("T")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
-class ConnectionHandler:
+class ConnectionHandler(SessionRequests, PeerChecks):
     """Serves one connection from `hello` to close."""
 
     _task_read = False  # the callback met what only the task's `receive` can do (set on
@@ -434,223 +427,49 @@ class ConnectionHandler:
 
     def _act(self, event: ServerEvent) -> Later | None:
         """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""
-        if isinstance(event, StdinReceived):
-            attachment = self.attachments.get(event.channel)
-            if attachment is not None:
-                session = attachment.session
-                self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
-                window = self.core.stdin_window
-                if session.stdin.over(window):
-                    return lambda: self._interruptibly(session.stdin.wait_room(window))
-        elif isinstance(event, CreditGranted):
-            attachment = self.attachments.get(event.channel)
-            if attachment is not None:
-                attachment.resume()
-        elif isinstance(event, ControlReceived):
-            attachment = self.attachments.get(event.channel)
-            if attachment is not None:
-                if isinstance(event.message, Eof):
-                    attachment.session.stdin.feed_eof()
-                else:
-                    attachment.session.control(event.message)
-        elif isinstance(event, OpenRequested):
-            if not self._open_now(event):
-                return functools.partial(self._open, event)
-        elif isinstance(event, AttachRequested):
-            self._attach(event)
-        elif isinstance(event, CancelRequested):  # the core has ended the channel
-            attachment = self.attachments.pop(event.channel, None)
-            if attachment is not None:
-                attachment.leave()
-                attachment.session.cancel()
-        elif isinstance(event, DetachRequested):
-            self._detach(event.channel)
-        elif isinstance(event, ReleaseRequested):
-            if self.grant is None or self.registry.grants.live(self.grant):
-                self.registry.release(event.session, self.principal)
-        elif isinstance(event, ListRequested):
-            self.core.answer(Sessions(sessions=self.registry.listing(self.principal)))
-        elif isinstance(event, ShareRequested):
-            self._share(event)
-        elif isinstance(event, UnshareRequested):
-            self._unshare(event)
-        elif isinstance(event, HelloReceived):
-            if delay := self.gate.delay(self.peer):
-                return functools.partial(self._hello, event, delay)
-            self._answer_hello(event)
+        act = _ACTS.get(type(event))
+        return act(self, event) if act is not None else None
+
+    def _stdin(self, event: StdinReceived) -> Later | None:
+        attachment = self.attachments.get(event.channel)
+        if attachment is not None:
+            session = attachment.session
+            self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
+            window = self.core.stdin_window
+            if session.stdin.over(window):
+                return lambda: self._interruptibly(session.stdin.wait_room(window))
         return None
 
-    async def _hello(self, event: HelloReceived, delay: float) -> None:
-        """A peer that keeps guessing waits longer each time (and has as long more)."""
-        await self._interruptibly(anyio.sleep(delay))
-        self._deadline += delay
-        self._answer_hello(event)
+    def _credit(self, event: CreditGranted) -> None:
+        attachment = self.attachments.get(event.channel)
+        if attachment is not None:
+            attachment.resume()
 
-    def _answer_hello(self, event: HelloReceived) -> None:
-        try:
-            if event.hello.grant is not None:  # a grant stands for the token (section 11)
-                self.grant = self.gate.admit_grant(self.peer, event.hello.grant,
-                                                   self.registry.grants)
-                self.principal = self.grant.owner
+    def _control(self, event: ControlReceived) -> None:
+        attachment = self.attachments.get(event.channel)
+        if attachment is not None:
+            if isinstance(event.message, Eof):
+                attachment.session.stdin.feed_eof()
             else:
-                self.principal = self.gate.admit(self.peer, event.hello.token)
-        except RequestError as exc:
-            self.core.close(exc)
-            return
-        if self.registry.closing:  # (it closes before any connection drains)
-            self.core.close(shutting_down())
-            return
-        self.core.accept_hello(SERVER_NAME, self.grant.scope() if self.grant else None)
-        if (interval := event.hello.heartbeat) is not None:
-            self._heartbeat = Heartbeat(interval, time.monotonic())
-            self._tasks.start_soon(self._beat, self._heartbeat)
-
-    # --- the heartbeat (section 10) ------------------------------------------------
-
-    def _input_waiting(self) -> bool:
-        """Whether the client's bytes wait unread because we stopped reading them (a full
-        send queue, or a process that does not take its input, holds the reader back): a
-        client we do not read is not a dead one."""
-        if not (self._paused or not self.outbox.has_room):
-            return False
-        try:
-            fd = self.transport.fileno()
-            if fd < 0:
-                return False
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            return bool(poller.poll(0))
-        except (OSError, ValueError):
-            return False
-
-    async def _beat(self, heartbeat: Heartbeat) -> None:
-        """Ping when nothing was sent for an interval; give the client up when nothing came
-        for three: its sessions are let go as for any closed connection."""
-        with anyio.CancelScope() as self._beat_scope:
-            while not self._over:
-                now = time.monotonic()
-                beat = heartbeat.check(now)
-                if beat is Beat.DEAD and self._input_waiting():
-                    heartbeat.last_received = now  # alive: it is we who do not read it
-                    continue
-                if beat is Beat.DEAD:
-                    log.info("%s: nothing came for %g s: the connection is dead", self.peer,
-                             heartbeat.silence_limit)
-                    self.core.close()
-                    self.outbox.abort()  # nothing more waits to be sent to a silent peer
-                    return
-                if beat is Beat.PING:
-                    self.core.ping()
-                    self.flush()
-                    heartbeat.last_sent = now
-                await anyio.sleep(heartbeat.next_check() - now)
-
-    def _open_now(self, event: OpenRequested) -> bool:
-        """Answer an `open` that needs no waiting (no journal to write first); False when it
-        has to be awaited (`_open`)."""
-        try:
-            session = self.registry.open_nowait(event.request, self.principal, str(self.peer),
-                                                len(self.attachments))
-        except RequestError as exc:
-            self.core.refuse(event.channel, exc)
-            return True
-        if session is None:
-            return False
-        self._opened(event.channel, session)
-        return True
-
-    async def _open(self, event: OpenRequested) -> None:
-        try:
-            session = await self.registry.open(event.request, self.principal, str(self.peer),
-                                               len(self.attachments))
-        except RequestError as exc:
-            self.core.refuse(event.channel, exc)
-            return
-        self._opened(event.channel, session)
-
-    def _opened(self, channel: int, session: ServerSession) -> None:
-        """`opened`, and the session runs, attached to ``channel``."""
-        attachment = Attachment(self, channel, session)
-        self.attachments[channel] = attachment
-        session.attach(attachment)
-        self.registry.start(session)
-        if not self.core.opened(channel, Opened(
-                pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
-                session=session.id if session.detachable else None)):
-            self.attachments.pop(channel, None)  # the connection closed meanwhile
-            attachment.released = True
-            session.cancel()
-
-    def _attach(self, event: AttachRequested) -> None:
-        """Take over a detachable session, or watch it (section 11): `attached`, its
-        scrollback, then live output."""
-        request, channel = event.request, event.channel
-        try:
-            session = self.registry.attach(request, self.principal, len(self.attachments),
-                                           self.grant)
-        except RequestError as exc:
-            self.core.refuse(channel, exc)
-            return
-        grant = self.grant.id if self.grant is not None else None
-        if request.role == OBSERVER:  # its size is not the terminal's
-            Observer.attach(self, channel, session, request.offsets, grant)
-        else:
-            if session.final is None and (request.rows or request.cols):
-                rows, cols = session.size
-                session.resize(request.rows or rows, request.cols or cols)
-            Attachment.attach(self, channel, session, request.offsets, grant)
-        self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
-                                grant=grant)
-
-    def _share(self, event: ShareRequested) -> None:
-        try:
-            secret, grant = self.registry.share(event.request, self.principal, str(self.peer))
-        except RequestError as exc:
-            self.core.refuse_request(exc)
-            return
-        self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
-                                expires=grant.expires_at, id=grant.id))
-
-    def _unshare(self, event: UnshareRequested) -> None:
-        try:
-            grant, channels = self.registry.unshare(event.request.grant, self.principal,
-                                                    str(self.peer))
-        except RequestError as exc:
-            self.core.refuse_request(exc)
-            return
-        self.core.answer(Unshared(id=grant.id, channels=channels))
-
-    def _detach(self, channel: int) -> None:
-        attachment = self.attachments.get(channel)
-        if attachment is None:
-            return
-        if not attachment.session.detachable:
-            self.core.refuse(channel, RequestError(
-                ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
-                "with detachable: true); cancel it instead"))
-            return
-        attachment.release()  # `detached`: the channel's last frame
-        self._let_go(attachment)
-
-    def _leave(self, attachment: Attachment | Observer) -> None:
-        """This connection lets go of a session: a detachable one goes on, detached; any other
-        is cancelled (the client has gone, as `cancel` does)."""
-        self.attachments.pop(attachment.channel, None)
-        attachment.leave()
-        if attachment.session.detachable:
-            self._let_go(attachment)
-        else:
-            attachment.session.cancel()
-
-    def _let_go(self, attachment: Attachment | Observer) -> None:
-        # Noted at once, not left to this task: a client that hangs up right after `detach`
-        # breaks the send of `detached`, and that ends the reader before it could note it.
-        session = attachment.session
-        if isinstance(attachment, Attachment) and session.sink is attachment:
-            session.detach()
-        self.registry.note_soon(session, SessionDetach, str(self.peer), role=attachment.role,
-                                grant=attachment.grant)
+                attachment.session.control(event.message)
 
 
 async def _raise(exc: BaseException) -> None:
     raise exc
+
+
+# What each event of the core does (the rest: nothing).
+_ACTS: dict[type, Callable[[ConnectionHandler, Any], Later | None]] = {
+    StdinReceived: ConnectionHandler._stdin,
+    CreditGranted: ConnectionHandler._credit,
+    ControlReceived: ConnectionHandler._control,
+    HelloReceived: ConnectionHandler.hello_received,
+    OpenRequested: SessionRequests.open_requested,
+    AttachRequested: SessionRequests.attach_requested,
+    CancelRequested: SessionRequests.cancel_requested,
+    DetachRequested: SessionRequests.detach_requested,
+    ReleaseRequested: SessionRequests.release_requested,
+    ListRequested: SessionRequests.list_requested,
+    ShareRequested: SessionRequests.share_requested,
+    UnshareRequested: SessionRequests.unshare_requested,
+}

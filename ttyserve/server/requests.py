@@ -1,0 +1,171 @@
+"""What a client asks of sessions, answered for one connection: open, attach or watch,
+cancel, detach, release, list, share and unshare; and its channels let go at its end.
+
+A part of `ConnectionHandler` (handler.py), apart for size: a mixin with no state of its
+own, which reads and changes the handler's channel table and answers through its core.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+from ..errors import ErrorCode, RequestError
+from ..protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
+from ..protocol.server import (
+    AttachRequested,
+    CancelRequested,
+    DetachRequested,
+    ListRequested,
+    OpenRequested,
+    ReleaseRequested,
+    ServerConnection,
+    ShareRequested,
+    UnshareRequested,
+)
+from .attachment import Attachment, ChannelHost
+from .auth import Peer
+from .grants import Grant
+from .journal import SessionAttach, SessionDetach
+from .observer import Observer
+from .registry import SessionRegistry
+from .session import ServerSession
+
+Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
+
+
+class SessionRequests:
+    """The handler's answers to what its client asks of sessions."""
+
+    core: ServerConnection
+    registry: SessionRegistry
+    attachments: dict[int, Attachment | Observer]
+    principal: str
+    grant: Grant | None
+    peer: Peer
+
+    def open_requested(self, event: OpenRequested) -> Later | None:
+        return None if self._open_now(event) else functools.partial(self._open, event)
+
+    def cancel_requested(self, event: CancelRequested) -> None:
+        """The core has ended the channel: its session is cancelled."""
+        attachment = self.attachments.pop(event.channel, None)
+        if attachment is not None:
+            attachment.leave()
+            attachment.session.cancel()
+
+    def release_requested(self, event: ReleaseRequested) -> None:
+        if self.grant is None or self.registry.grants.live(self.grant):
+            self.registry.release(event.session, self.principal)
+
+    def list_requested(self, event: ListRequested) -> None:
+        self.core.answer(Sessions(sessions=self.registry.listing(self.principal)))
+
+    def _open_now(self, event: OpenRequested) -> bool:
+        """Answer an `open` that needs no waiting (no journal to write first); False when it
+        has to be awaited (`_open`)."""
+        try:
+            session = self.registry.open_nowait(event.request, self.principal, str(self.peer),
+                                                len(self.attachments))
+        except RequestError as exc:
+            self.core.refuse(event.channel, exc)
+            return True
+        if session is None:
+            return False
+        self._opened(event.channel, session)
+        return True
+
+    async def _open(self, event: OpenRequested) -> None:
+        try:
+            session = await self.registry.open(event.request, self.principal, str(self.peer),
+                                               len(self.attachments))
+        except RequestError as exc:
+            self.core.refuse(event.channel, exc)
+            return
+        self._opened(event.channel, session)
+
+    def _opened(self, channel: int, session: ServerSession) -> None:
+        """`opened`, and the session runs, attached to ``channel``."""
+        attachment = Attachment(cast(ChannelHost, self), channel, session)
+        self.attachments[channel] = attachment
+        session.attach(attachment)
+        self.registry.start(session)
+        if not self.core.opened(channel, Opened(
+                pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
+                session=session.id if session.detachable else None)):
+            self.attachments.pop(channel, None)  # the connection closed meanwhile
+            attachment.released = True
+            session.cancel()
+
+    def attach_requested(self, event: AttachRequested) -> None:
+        """Take over a detachable session, or watch it (section 11): `attached`, its
+        scrollback, then live output."""
+        request, channel = event.request, event.channel
+        try:
+            session = self.registry.attach(request, self.principal, len(self.attachments),
+                                           self.grant)
+        except RequestError as exc:
+            self.core.refuse(channel, exc)
+            return
+        grant = self.grant.id if self.grant is not None else None
+        if request.role == OBSERVER:  # its size is not the terminal's
+            Observer.attach(cast(ChannelHost, self), channel, session, request.offsets, grant)
+        else:
+            if session.final is None and (request.rows or request.cols):
+                rows, cols = session.size
+                session.resize(request.rows or rows, request.cols or cols)
+            Attachment.attach(cast(ChannelHost, self), channel, session, request.offsets,
+                              grant)
+        self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
+                                grant=grant)
+
+    def share_requested(self, event: ShareRequested) -> None:
+        try:
+            secret, grant = self.registry.share(event.request, self.principal, str(self.peer))
+        except RequestError as exc:
+            self.core.refuse_request(exc)
+            return
+        self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
+                                expires=grant.expires_at, id=grant.id))
+
+    def unshare_requested(self, event: UnshareRequested) -> None:
+        try:
+            grant, channels = self.registry.unshare(event.request.grant, self.principal,
+                                                    str(self.peer))
+        except RequestError as exc:
+            self.core.refuse_request(exc)
+            return
+        self.core.answer(Unshared(id=grant.id, channels=channels))
+
+    def detach_requested(self, event: DetachRequested) -> None:
+        channel = event.channel
+        attachment = self.attachments.get(channel)
+        if attachment is None:
+            return
+        if not attachment.session.detachable:
+            self.core.refuse(channel, RequestError(
+                ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
+                "with detachable: true); cancel it instead"))
+            return
+        attachment.release()  # `detached`: the channel's last frame
+        self._let_go(attachment)
+
+    def _leave(self, attachment: Attachment | Observer) -> None:
+        """This connection lets go of a session: a detachable one goes on, detached; any other
+        is cancelled (the client has gone, as `cancel` does)."""
+        self.attachments.pop(attachment.channel, None)
+        attachment.leave()
+        if attachment.session.detachable:
+            self._let_go(attachment)
+        else:
+            attachment.session.cancel()
+
+    def _let_go(self, attachment: Attachment | Observer) -> None:
+        # Noted at once, not left to this task: a client that hangs up right after `detach`
+        # breaks the send of `detached`, and that ends the reader before it could note it.
+        session = attachment.session
+        if isinstance(attachment, Attachment) and session.sink is attachment:
+            session.detach()
+        self.registry.note_soon(session, SessionDetach, str(self.peer), role=attachment.role,
+                                grant=attachment.grant)
