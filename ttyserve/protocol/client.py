@@ -357,6 +357,11 @@ class ClientConnection:
             if record.state is not ChannelState.OPEN:
                 raise RemoteProtocolError(f"{msg_type!r} on channel {channel} before 'attached'")
             return NoticeReceived(channel, message)
+        return self._step(channel, record, message, msg_type)
+
+    def _step(self, channel: int, record: Channel, message: Message,
+              msg_type: str) -> ClientEvent:
+        """A message that moves the channel on: `opened`, `attached`, `exit`, `detached`."""
         step = _STEPS.get(type(message))
         if step is None or next_state(record.state, step) is None:
             raise RemoteProtocolError(
