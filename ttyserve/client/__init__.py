@@ -1,5 +1,6 @@
 """The client library on anyio: `connect` and `run` (api.py), a connection and its sessions
-(connection.py, session.py); carriers, retries and fan-out over many targets.
+(connection.py, its links in wire.py, their resume in resume.py, session.py); carriers,
+retries and fan-out over many targets.
 
 Names load on first use, so that a module of this package (`retry`, say) can be imported by
 `exec`'s loop-free path without the library behind it.

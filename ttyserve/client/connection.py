@@ -1,5 +1,5 @@
 """A connection to a ttyserve server: the reader, the one writer, the sessions by channel,
-and the resume of section 10.
+the heartbeat, and the links the resume of section 10 dials (resume.py).
 
 Every rule of the protocol is checked by the sans-I/O core (`protocol/client.py`): a
 server that breaks one raises RemoteProtocolError in the sessions waiting on it. The
@@ -10,32 +10,32 @@ heartbeat silence, a retriable error such as `server_restarting`) and some of it
 were spawned or attached with ``resume``, the connection dials again with backoff, for as
 long as those sessions allow, and attaches each at the offsets it holds: their output and
 their exit go on as if nothing happened. The others end with ConnectionLost, as before.
+Each session keeps its own count (offsets, window, what was lost); the connection tells it
+what happened.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 
-from ..defaults import CLIENT_RECEIVE, DEFAULT_HEARTBEAT
-from ..errors import ConnectionLost, RemoteProtocolError, RequestError
+from ..defaults import DEFAULT_HEARTBEAT
+from ..errors import ConnectionLost
 from ..protocol.client import (
     AnswerReceived,
     AttachedReceived,
-    ClientConnection,
     ClientEvent,
     DetachedReceived,
     ErrorReceived,
     ExitReceived,
     NoticeReceived,
+    OpenedReceived,
     OpenRefused,
     OutputReceived,
     PingReceived,
@@ -43,7 +43,7 @@ from ..protocol.client import (
     StdinCreditGranted,
     WelcomeReceived,
 )
-from ..protocol.heartbeat import Beat, Heartbeat
+from ..protocol.heartbeat import Heartbeat
 from ..protocol.messages import (
     DEFAULT_COLS,
     DEFAULT_ROWS,
@@ -68,39 +68,20 @@ from ..protocol.messages import (
     Welcome,
     request_error,
 )
-from ..transport.outbox import Outbox
 from ..transport.streams import Transport
-from .retry import RETRIED, backoff, retriable
-from .session import ConnectionEnded, Lost, Resumed, ResumeEvent, Session
+from .resume import Dial, Resume
+from .session import ConnectionEnded, ResumeEvent, Session
+from .wire import Wire
 
 if TYPE_CHECKING:
     from .carrier import Carrier
 
-FIRST_BYTES_SHOWN = 60
 _CHANNEL_ENDS = (ExitReceived, DetachedReceived, OpenRefused)  # a channel's last event
+_CHANNEL_0 = (PingReceived, SessionsReceived, AnswerReceived, WelcomeReceived)  # (and errors)
 _Answer = Sessions | Shared | Unshared | Error  # what a request on channel 0 gets
-# Dial a new link, its resources (a carrier) entered into the stack, within a time (where it
-# can be bounded: a carrier's ssh has its own): what `connect` did.
-Dial = Callable[[contextlib.AsyncExitStack, float],
-                Awaitable[tuple[Transport, "Carrier | None"]]]
-WELCOME_WAIT = 60.0  # seconds a link may take to its `welcome` (an ssh asking a password)
-
-
-@dataclass(eq=False)
-class _Link:
-    """One transport under the connection: the first, or one a resume dialled."""
-
-    transport: Transport
-    core: ClientConnection
-    carrier: Carrier | None
-    outbox: Outbox = field(init=False)
-    heartbeat: Heartbeat | None = None
-    failure: Exception | None = None  # why it ended, where that was decided here
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the reader's
-    delivering: bool = False  # the reader waits for a session to take output, not for bytes
-    ended: anyio.Event = field(default_factory=anyio.Event)  # its reader is done with it
-    started: float = field(default_factory=time.monotonic)
-    first_bytes: bytes = b""  # what the server sent first: shown if it is not the protocol
+# A channel's own events, which its session takes.
+_ChannelEvent = (OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
+                 | DetachedReceived | ErrorReceived | StdinCreditGranted | NoticeReceived)
 
 
 class Connection:
@@ -112,8 +93,7 @@ class Connection:
         self._hello = hello
         self.multiplex = hello.multiplex
         self.window = hello.window
-        self._redial = redial
-        self._on_resume = on_resume
+        self._resume = Resume(redial, on_resume)
         self._interval: float | None = hello.heartbeat  # our heartbeat, when there is one
         self._tasks: anyio.abc.TaskGroup | None = None
         self._beating = False
@@ -123,18 +103,12 @@ class Connection:
         # Requests on channel 0 waiting for their answers, which come in the order asked.
         self._asked: list[tuple[list[_Answer | Exception], anyio.Event]] = []
         self._channels = itertools.count(1)
-        self._resuming: list[Session] | None = None  # while a lost link is replaced
-        self._attempt = 0  # links dialled since a session last came back (the backoff)
-        self._relinked = anyio.Event()  # set when the resume is over, either way
         self._failure: Exception | None = None
         self._failed = anyio.Event()  # set with _failure
 
-    def _new_link(self, transport: Transport, carrier: Carrier | None) -> _Link:
-        link = _Link(transport, ClientConnection(), carrier)
-        link.outbox = Outbox(transport, on_broken=lambda: self._send_failed(link))
-        if self._interval is not None:
-            link.heartbeat = Heartbeat(self._interval, time.monotonic())
-        return link
+    def _new_link(self, transport: Transport, carrier: Carrier | None) -> Wire:
+        return Wire(transport, carrier, None if self._interval is None
+                    else Heartbeat(self._interval, time.monotonic()))
 
     @property
     def welcome(self) -> Welcome | None:
@@ -224,7 +198,7 @@ class Connection:
         assert isinstance(answer, Unshared)
         return answer
 
-    async def _ask(self, link: _Link, frame: bytes) -> _Answer:
+    async def _ask(self, link: Wire, frame: bytes) -> _Answer:
         """Send a request on channel 0 and wait for its answer; raise its refusal."""
         waiter: list[_Answer | Exception] = []
         done = anyio.Event()
@@ -243,10 +217,8 @@ class Connection:
         link = await self._current()
         channel = next(self._channels)
         frame = link.core.open(channel, request)
-        session = Session(self, channel, windowed=self.window is not None, resume=resume)
-        session.pty = pty  # until the server says (a server that does not: what was asked)
-        if isinstance(request, Attach):
-            session.role = request.role  # what was asked, until `attached` confirms it
+        session = Session(self, channel, windowed=self.window is not None, resume=resume,
+                          pty=pty, role=request.role if isinstance(request, Attach) else WRITER)
         self._sessions[channel] = session
         try:
             await self._write(link, frame)
@@ -258,7 +230,7 @@ class Connection:
             self._keep_beating()
         return session
 
-    def _give_up(self, link: _Link, channel: int, request: Open | Attach) -> None:
+    def _give_up(self, link: Wire, channel: int, request: Open | Attach) -> None:
         """The `open` or `attach` was cancelled (or failed) before its answer was taken: an
         opened process is cancelled, not left running unseen; an attached session is
         detached, not killed, once its `attached` comes (at once if it has)."""
@@ -267,21 +239,21 @@ class Connection:
         if self._failure is not None or link is not self._link or not core.live(channel):
             return  # refused, or the link ended: nothing runs for this channel here
         if isinstance(request, Open):
-            self._push(link, core.cancel(channel))
+            link.push(core.cancel(channel))
         elif core.opening(channel):
             self._detach_when_attached.add(channel)
         else:
-            self._push(link, core.control(channel, Detach()))
+            link.push(core.control(channel, Detach()))
 
     # --- each session's Link ---------------------------------------------------------
 
     def stdin_limit(self, session: Session) -> int:
-        if self._resuming is not None:
+        if self._resume.waiting is not None:
             return 0  # until the session is attached again
         return self._link.core.stdin_limit(session.channel)
 
     def live(self, session: Session) -> bool:
-        if self._resuming is not None and session in self._resuming:
+        if (waiting := self._resume.waiting) is not None and session in waiting:
             return True
         return self._link.core.live(session.channel)
 
@@ -311,8 +283,8 @@ class Connection:
 
     async def consumed(self, session: Session, size: int) -> None:
         link = self._link
-        if self._resuming is None and (frame := link.core.output_consumed(session.channel,
-                                                                          size)):
+        if self._resume.waiting is None and (
+                frame := link.core.output_consumed(session.channel, size)):
             await self._write(link, frame)
 
     # --- the one writer --------------------------------------------------------------
@@ -321,24 +293,24 @@ class Connection:
         if self._failure is not None:
             raise self._failure
 
-    async def _current(self, session: Session | None = None) -> _Link:
+    async def _current(self, session: Session | None = None) -> Wire:
         """The link to send on: while a lost one is replaced, requests wait for the new one
         (a session that does not resume has ended meanwhile)."""
-        while self._resuming is not None:
-            if session is not None and session not in self._resuming:
+        while (waiting := self._resume.waiting) is not None:
+            if session is not None and session not in waiting:
                 raise ConnectionLost("the connection was lost")
-            await self._relinked.wait()
+            await self._resume.relinked.wait()
         self._raise_failure()
         return self._link
 
-    async def _write(self, link: _Link, data: bytes, session: Session | None = None) -> bool:
+    async def _write(self, link: Wire, data: bytes, session: Session | None = None) -> bool:
         """Send ``data`` on ``link``; False when the link had broken and ``session`` resumes
         (it sends again on the next link), else ConnectionLost."""
         self._raise_failure()
         try:
-            self._push_or_raise(link, data)
+            link.push_or_raise(data)
         except anyio.BrokenResourceError:
-            if self._early_carrier_end(link):
+            if link.early_carrier_end():
                 await self._failed.wait()
                 self._raise_failure()
             if session is not None and session.resume is not None:
@@ -346,27 +318,6 @@ class Connection:
             raise ConnectionLost("the connection is closed") from None
         await link.outbox.wait_for_room()
         return True
-
-    def _push_or_raise(self, link: _Link, data: bytes) -> None:
-        if (heartbeat := link.heartbeat) is not None:
-            heartbeat.last_sent = time.monotonic()
-        link.outbox.push([data])
-
-    def _push(self, link: _Link, frame: bytes) -> None:
-        """Send ``frame`` with no waiting (from where nothing can wait: a cancel, the reader)."""
-        with contextlib.suppress(anyio.BrokenResourceError):
-            self._push_or_raise(link, frame)
-
-    def _early_carrier_end(self, link: _Link) -> bool:
-        """Whether a break now is a carrier's before `welcome`: the read loop sees its stdout
-        close and fails the link with its class (a send that broke first must not say
-        less)."""
-        return link.carrier is not None and link.core.welcome is None
-
-    def _send_failed(self, link: _Link) -> None:
-        """The reader goes on: what the server sent before the break is still delivered."""
-        if not self._early_carrier_end(link) and link.failure is None:
-            link.failure = ConnectionLost("send failed: the connection broke")
 
     # --- the reader ------------------------------------------------------------------
 
@@ -388,40 +339,24 @@ class Connection:
         failure: Exception | None = None
         try:
             first = self._link
-            failure = await self._read(first)
-            while self._resumable(failure):
-                failure = await self._resume(failure, first)
+            failure = await first.read(self._dispatch)
+            while self._failure is None and self._resume.resumable(
+                    failure, list(self._sessions.values())):
+                failure = await self._relink(failure, first)
         finally:
             self._fail(failure or ConnectionLost("the connection was closed here"))
             failure = self._failure
             assert failure is not None
-            for session in [*list(self._sessions.values()), *(self._resuming or [])]:
+            for session in [*list(self._sessions.values()), *self._resume.stop_waiting()]:
                 await session.feed(ConnectionEnded(failure))
             self._sessions.clear()
-            self._resuming = None
-            self._relinked.set()
 
-    def _resumable(self, failure: Exception) -> bool:
-        """Whether the link was lost in a way a new one may mend, with a session to mend."""
-        if (self._redial is None or self._failure is not None
-                or isinstance(failure, RemoteProtocolError)
-                or (isinstance(failure, RequestError) and not failure.retriable)):
-            return False
-        if isinstance(failure, RequestError | ConnectionLost) or retriable(failure)[0]:
-            return any(s.resume is not None and s.id is not None and s.answered
-                       for s in self._sessions.values())
-        return False
-
-    async def _resume(self, failure: Exception, first: _Link) -> Exception:
-        """Dial until a link is up, attach every resuming session on it at its offsets, and
-        read it until it too is lost: what ended it, or why resuming gave up."""
-        assert self._redial is not None
+    async def _relink(self, failure: Exception, first: Wire) -> Exception:
+        """The link is lost: the sessions that resume wait for a new one, the others end;
+        then dial until one is up and read it until it too is lost: what ended it, or why
+        resuming gave up."""
         lost = self._link
-        resuming = [s for s in self._sessions.values()
-                    if s.resume is not None and s.id is not None and s.answered]
-        others = [s for s in self._sessions.values() if s not in resuming]
-        self._resuming = resuming  # from here on requests wait for the next link
-        self._relinked = anyio.Event()
+        others = self._resume.begin(list(self._sessions.values()))  # requests wait from here
         self._sessions.clear()
         self._detach_when_attached.clear()
         self._fail_requests(failure)
@@ -430,122 +365,37 @@ class Connection:
         if lost is first and lost.carrier is None:
             await lost.transport.aclose()  # (a writer stuck on a silent peer is let go; the
             # links a resume dials are closed with their stack)
-        now = time.monotonic()
-        for session in resuming:
-            if session.lost_at is None:
-                session.lost_at = now
-                self._tell(Lost(session, str(failure)))
-        while True:
-            if self._attempt:  # the last link failed too: back off (the server's hint first)
-                await anyio.sleep(min(backoff(self._attempt - 1, retriable(failure)[1]),
-                                      self._time_left(resuming)))
-            self._attempt += 1
-            now = time.monotonic()
-            for session in list(resuming):
-                assert session.lost_at is not None and session.resume is not None
-                if now - session.lost_at >= session.resume:
-                    resuming.remove(session)
-                    await session.feed(ConnectionEnded(ConnectionLost(
-                        f"could not resume within {session.resume:g} s: {failure}")))
-            if not resuming:
-                return failure
-            async with contextlib.AsyncExitStack() as stack:
-                try:
-                    transport, carrier = await self._redial(stack, self._time_left(resuming))
-                except RETRIED as exc:
-                    failure = exc
-                else:
-                    link = self._new_link(transport, carrier)
-                    self._adopt(link, resuming)
-                    return await self._read(link)  # (then `_run` decides again)
+        return await self._resume.redial(failure, self._adopt)
 
-    @staticmethod
-    def _time_left(resuming: list[Session]) -> float:
-        """Seconds until the last of ``resuming`` gives up (at least a moment)."""
-        now = time.monotonic()
-        return max(0.01, max(s.resume - (now - s.lost_at)  # type: ignore[operator]
-                             for s in resuming))
-
-    def _adopt(self, link: _Link, resuming: list[Session]) -> None:
-        """The new link: `hello`, then an `attach` with offsets (and steal: the server may
-        not know yet that the old link is dead; an observer's is its role again) for each
-        resuming session."""
+    async def _adopt(self, transport: Transport, carrier: Carrier | None) -> Exception:
+        """A new link: `hello`, then an `attach` at its offsets for each waiting session;
+        read until it is lost."""
         assert self._tasks is not None
+        link = self._link = self._new_link(transport, carrier)
         link.outbox.attach(self._tasks)
         frames = [link.core.hello(self._hello)]
-        for session in resuming:
-            assert session.id is not None
+        for session in self._resume.stop_waiting():
             channel = next(self._channels)
-            frames.append(link.core.open(channel, Attach(
-                session=session.id, steal=session.role == WRITER, offsets=session.offsets,
-                role=session.role)))
-            session.channel = channel
+            frames.append(link.core.open(channel, session.rejoin(channel)))
             self._sessions[channel] = session
-        self._link = link
-        self._resuming = None
-        self._relinked.set()
-        with contextlib.suppress(anyio.BrokenResourceError):
-            if (heartbeat := link.heartbeat) is not None:
-                heartbeat.last_sent = time.monotonic()
-            link.outbox.push(frames)
+        link.push(*frames)
+        return await link.read(self._dispatch)
 
-    def _tell(self, event: ResumeEvent) -> None:
-        if self._on_resume is not None:
-            self._on_resume(event)
-
-    async def _read(self, link: _Link) -> Exception:
-        """Read ``link`` until it ends: why it ended (the heartbeat may cut it short)."""
-        try:
-            with link.scope:
-                return await self._read_until_lost(link)
-            return link.failure or ConnectionLost("the connection was given up")
-        finally:
-            link.ended.set()
-
-    async def _read_until_lost(self, link: _Link) -> Exception:
-        core = link.core
-        try:
-            while True:
-                try:
-                    data = await link.transport.receive(CLIENT_RECEIVE)
-                except anyio.EndOfStream:
-                    break
-                if (heartbeat := link.heartbeat) is not None:
-                    heartbeat.last_received = time.monotonic()
-                if not link.first_bytes:
-                    link.first_bytes = data[:FIRST_BYTES_SHOWN]
-                core.receive_data(data)
-                link.delivering = True
-                while (event := core.next_event()) is not None:
-                    await self._dispatch(link, event)
-                link.delivering = False
-            return (link.failure or await self._carrier_failure(link)
-                    or ConnectionLost("the server closed the connection"))
-        except (anyio.BrokenResourceError, OSError) as exc:
-            return (link.failure or await self._carrier_failure(link)
-                    or ConnectionLost(f"connection lost: {exc}"))
-        except anyio.ClosedResourceError as exc:
-            return link.failure or ConnectionLost(f"connection lost: {exc}")
-        except RemoteProtocolError as exc:
-            if self._early_carrier_end(link):
-                return RemoteProtocolError(
-                    f"{exc.message}; the far side began with {link.first_bytes!r}, which is "
-                    "not the protocol (does a shell startup file print something?)", exc.code)
-            return exc
-
-    async def _carrier_failure(self, link: _Link) -> Exception | None:
-        """A carrier that ended before `welcome`: its class."""
-        if self._early_carrier_end(link):
-            assert link.carrier is not None
-            return await link.carrier.failure()
-        return None
-
-    async def _dispatch(self, link: _Link, event: ClientEvent) -> None:
+    async def _dispatch(self, link: Wire, event: ClientEvent) -> None:
+        """Hand ``event`` to whom it concerns: the connection (channel 0), or a session."""
         if type(event) is OutputReceived:  # the common case, first
             if (session := self._sessions.get(event.channel)) is not None:
                 await session.feed(event)
-        elif isinstance(event, PingReceived):
-            self._push(link, link.core.pong())
+        elif isinstance(event, _CHANNEL_0) or (
+                isinstance(event, ErrorReceived) and event.channel == 0):
+            await self._connection_event(link, event)
+        else:
+            await self._channel_event(link, event)
+
+    async def _connection_event(self, link: Wire, event: ClientEvent) -> None:
+        """Channel 0's: a ping, an answer, the `welcome`, an error that ends the link."""
+        if isinstance(event, PingReceived):
+            link.push(link.core.pong())
         elif isinstance(event, SessionsReceived | AnswerReceived):
             if self._asked:
                 waiter, done = self._asked.pop(0)
@@ -557,48 +407,32 @@ class Connection:
                 link.carrier.welcomed = True
             for channel, waiting in list(self._sessions.items()):
                 await waiting.feed(StdinCreditGranted(channel))  # the window is known now
-        elif isinstance(event, ErrorReceived) and event.channel == 0:
+        elif isinstance(event, ErrorReceived):
             link.failure = request_error(event.error)  # the server closes the link next
             if not link.failure.retriable:
                 self._fail(link.failure)
-        elif isinstance(event, NoticeReceived):
-            if (session := self._sessions.get(event.channel)) is not None:
-                await session.feed(event)
-        elif isinstance(event, AttachedReceived) and event.channel in self._detach_when_attached:
-            self._detach_when_attached.discard(event.channel)
-            self._push(link, link.core.control(event.channel, Detach()))
-        else:  # the channel's own: its session takes it, and the last one ends it
-            ends = isinstance(event, _CHANNEL_ENDS)
-            if ends:
-                self._detach_when_attached.discard(event.channel)  # refused: nothing to detach
-            session = (self._sessions.pop(event.channel, None) if ends
-                       else self._sessions.get(event.channel))
-            if session is None:
-                return
-            if isinstance(event, ExitReceived) and session.id is not None and (
-                    session.role == WRITER):  # read: it may be forgotten (an observer's
-                self._push(link, link.core.release(session.id))  # exit is not the owner's)
-            if isinstance(event, AttachedReceived) and session.lost_at is not None:
-                self._resumed(link, session, event)
-            await session.feed(event)
 
-    def _resumed(self, link: _Link, session: Session, event: AttachedReceived) -> None:
-        """A resuming session is attached again: what the ring no longer held is lost."""
-        assert session.lost_at is not None
-        begins = event.attached.offsets or Offsets()
-        lost = (max(0, begins.stdout - session.offsets.stdout)
-                + max(0, begins.stderr - session.offsets.stderr))
-        after = time.monotonic() - session.lost_at
-        session.lost_at = None
-        self._attempt = 0
-        session.lost_bytes += lost
-        self._tell(Resumed(session, after, lost))
-        session.wake_sender()  # what it sends goes on the new link
-        if session.eof_sent and session.pty is False:
-            # The `eof` may have been lost with the link (input is not exact across a resume),
-            # and a process that waits for it would wait for ever; closing a pipe twice is
-            # nothing. (Not a PTY's: a second end-of-file character could end its shell.)
-            self._push(link, link.core.control(event.channel, Eof()))
+    async def _channel_event(self, link: Wire, event: _ChannelEvent) -> None:
+        """A channel's own: its session takes it, and the last one ends it."""
+        if isinstance(event, AttachedReceived) and event.channel in self._detach_when_attached:
+            self._detach_when_attached.discard(event.channel)
+            link.push(link.core.control(event.channel, Detach()))
+            return
+        ends = isinstance(event, _CHANNEL_ENDS)
+        if ends:
+            self._detach_when_attached.discard(event.channel)  # refused: nothing to detach
+        session = (self._sessions.pop(event.channel, None) if ends
+                   else self._sessions.get(event.channel))
+        if session is None:
+            return
+        if isinstance(event, ExitReceived) and session.id is not None and (
+                session.role == WRITER):  # read: it may be forgotten (an observer's
+            link.push(link.core.release(session.id))  # exit is not the owner's)
+        if isinstance(event, AttachedReceived) and session.resuming:
+            self._resume.resumed(session, event.attached)
+            if session.eof_again:
+                link.push(link.core.control(event.channel, Eof()))
+        await session.feed(event)
 
     # --- the heartbeat ---------------------------------------------------------------
 
@@ -615,29 +449,10 @@ class Connection:
     async def _beat(self) -> None:
         assert self._interval is not None
         while self._failure is None:
-            if self._resuming is not None:
-                await self._relinked.wait()
-                continue
-            link = self._link
-            heartbeat = link.heartbeat = link.heartbeat or Heartbeat(self._interval,
-                                                                     time.monotonic())
-            now = time.monotonic()
-            beat = heartbeat.check(now)
-            if beat is Beat.DEAD and (link.delivering or (
-                    link.core.welcome is None and now - link.started < WELCOME_WAIT)):
-                # We hold the reader back, not the server; or the far side is still being
-                # reached (an ssh may ask for a password): bounded by WELCOME_WAIT instead.
-                heartbeat.last_received = now
-            elif beat is Beat.DEAD:
-                link.failure = link.failure or ConnectionLost(
-                    f"nothing came for {heartbeat.silence_limit:g} s (heartbeat)")
-                link.scope.cancel()
-                await link.ended.wait()  # the reader moved on (to the next link, or the end)
-                continue
-            elif beat is Beat.PING:
-                self._push(link, link.core.ping())
-                heartbeat.last_sent = now
-            await anyio.sleep(max(0.0, heartbeat.next_check() - time.monotonic()))
+            if self._resume.waiting is not None:
+                await self._resume.relinked.wait()
+            else:
+                await self._link.beat(self._interval)
 
     # --- the end ---------------------------------------------------------------------
 

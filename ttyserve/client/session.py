@@ -40,6 +40,8 @@ from ..protocol.frames import FrameKind
 from ..protocol.messages import (
     OBSERVER,
     WRITER,
+    Attach,
+    Attached,
     Audience,
     Detach,
     Detached,
@@ -48,10 +50,12 @@ from ..protocol.messages import (
     Exit,
     Message,
     Offsets,
+    Opened,
     Resize,
     Role,
     Signal,
     SignalName,
+    Skipped,
     request_error,
 )
 
@@ -136,7 +140,8 @@ class Session:
     """One remote process. Iterate it for output; `status` is set once `exit` arrived."""
 
     def __init__(self, link: Link, channel: int, *, windowed: bool,
-                 resume: float | None = None) -> None:
+                 resume: float | None = None, pty: bool | None = None,
+                 role: Role = WRITER) -> None:
         self._link = link
         self.channel = channel  # on the connection's current link
         self.resume = resume  # seconds it may take to come back after a lost connection
@@ -144,17 +149,18 @@ class Session:
         # oldest byte, for an attach without offsets): where a resume attaches.
         self.offsets = Offsets()
         self.lost_bytes = 0  # output the ring dropped while this client was away
-        self.lost_at: float | None = None  # while it resumes: when its connection was lost
-        self.eof_sent = False  # its input is over: said again after a resume (pipes only)
+        self._lost_at: float | None = None  # while it resumes: when its connection was lost
+        self._eof_sent = False  # its input is over: said again after a resume (pipes only)
         self._unread = 0  # output bytes queued here, not yet taken by the application
         self._stale = 0  # of those, what came on a lost link: no credit to give back
         self.pid: int | None = None
         self.id: str | None = None  # a detachable session's id: what `attach` takes
         self.argv: list[str] | None = None  # what runs, as the server said
-        self.pty: bool | None = None  # whether it runs under a PTY, as the server said
+        self.pty = pty  # whether it runs under a PTY: as asked until the server says
         self.dropped = 0  # for an attached session: output lost from its ring before
         self.prologue: str | None = None  # for an attached PTY: what restores the terminal
-        self.role: Role = WRITER  # section 11: an attach as observer only watches
+        self.role = role  # section 11: an attach as observer only watches (as asked, until
+        # `attached` confirms it)
         self.observers = 0  # for the writer: how many watch now (`audience`)
         self.skipped = 0  # for an observer: output the server skipped it past (it fell behind)
         self.status: Exit | None = None
@@ -182,6 +188,63 @@ class Session:
         await self._answered.wait()
         if self._refusal is not None:
             raise self._refusal
+
+    # --- resume (section 10): the connection tells, the session keeps count ----------
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a lost connection may be mended for it: it was spawned or attached with
+        ``resume``, and the server answered (its id is what a new link attaches)."""
+        return self.resume is not None and self.id is not None and self.answered
+
+    @property
+    def resuming(self) -> bool:
+        """Whether its connection was lost and it is not attached again yet."""
+        return self._lost_at is not None
+
+    def lost(self, now: float, reason: str) -> Lost | None:
+        """Its connection was lost at ``now``: the `Lost` to tell, or None when it was lost
+        already (a link a resume dialled was lost before the session was attached on it):
+        its window counts from the first loss."""
+        if self._lost_at is not None:
+            return None
+        self._lost_at = now
+        return Lost(self, reason)
+
+    def time_left(self, now: float) -> float:
+        """Seconds left of its window to come back in (none left: it gives up)."""
+        assert self._lost_at is not None and self.resume is not None
+        return self.resume - (now - self._lost_at)
+
+    def rejoin(self, channel: int) -> Attach:
+        """It goes on on ``channel`` of a new link: the `attach` that resumes it there, at
+        its offsets (with steal: the server may not know yet that the old link is dead; an
+        observer's is its role again)."""
+        assert self.id is not None
+        self.channel = channel
+        return Attach(session=self.id, steal=self.role == WRITER, offsets=self.offsets,
+                      role=self.role)
+
+    def resumed(self, attached: Attached, now: float) -> Resumed:
+        """It is attached again (before the `attached` is fed): what the ring no longer held
+        is lost; its input goes on on the new link."""
+        assert self._lost_at is not None
+        begins = attached.offsets or Offsets()
+        lost = (max(0, begins.stdout - self.offsets.stdout)
+                + max(0, begins.stderr - self.offsets.stderr))
+        after = now - self._lost_at
+        self._lost_at = None
+        self.lost_bytes += lost
+        self.wake_sender()
+        return Resumed(self, after, lost)
+
+    @property
+    def eof_again(self) -> bool:
+        """Whether its `eof` is said again on a resumed channel: it may have been lost with
+        the link (input is not exact across a resume), and a process that waits for it
+        would wait for ever; closing a pipe twice is nothing. (Not a PTY's: a second
+        end-of-file character could end its shell.)"""
+        return self._eof_sent and self.pty is False
 
     # --- input --------------------------------------------------------------
 
@@ -212,7 +275,7 @@ class Session:
 
     async def eof(self) -> None:
         """End of input: pipe stdin closed, or the terminal's EOF character."""
-        self.eof_sent = True
+        self._eof_sent = True
         await self._control(Eof())
 
     async def resize(self, rows: int, cols: int) -> None:
@@ -330,48 +393,13 @@ class Session:
         elif isinstance(event, StdinCreditGranted):
             self.wake_sender()
         elif isinstance(event, OpenedReceived):
-            opened = event.opened
-            self.pid, self.id, self.argv = opened.pid, opened.session, opened.argv
-            if opened.pty is not None:  # (a server that does not say: what was asked)
-                self.pty = opened.pty
-            self._answered.set()
+            self._opened(event.opened)
         elif isinstance(event, AttachedReceived):
-            attached = event.attached
-            self.pid, self.id, self.pty = attached.pid, attached.session, attached.pty
-            self.dropped = attached.dropped
-            if attached.offsets is not None:  # where this attach's output begins
-                self.offsets = Offsets(stdout=attached.offsets.stdout,
-                                       stderr=attached.offsets.stderr)
-            self._stale = self._unread
-            self.prologue = attached.prologue
-            if self.role == OBSERVER and attached.role != OBSERVER:
-                # A server that does not know section 11 attaches a writer: never act as one
-                # for a client that asked to watch (the connection detaches it).
-                self._refusal = RequestError(
-                    ErrorCode.BAD_REQUEST, "the server attached this channel as writer, not "
-                    "observer: it does not serve observers (protocol section 11)")
-            else:
-                self.role = attached.role or WRITER
-            self._answered.set()
+            self._attached(event.attached)
         elif isinstance(event, NoticeReceived):
-            notice = event.notice
-            if isinstance(notice, Audience):
-                self.observers = notice.observers
-            else:  # skipped: the streams go on that much later
-                self.skipped += notice.bytes
-                if notice.offsets is not None:
-                    self.offsets = Offsets(stdout=notice.offsets.stdout,
-                                           stderr=notice.offsets.stderr)
-                else:
-                    self.offsets.stdout += notice.bytes
+            self._notice(event.notice)
         elif isinstance(event, OpenRefused):
-            if self._answered.is_set():  # a resume's attach: the session is gone
-                error = event.error
-                await self.feed(ConnectionEnded(ConnectionLost(
-                    f"could not resume: the server answered {error.code}: {error.message}")))
-                return
-            self._refusal = request_error(event.error)
-            self._answered.set()
+            self._refused(event.error)
         elif isinstance(event, ExitReceived):
             self.wake_sender()
             await self._queue(event.exit)
@@ -380,19 +408,64 @@ class Session:
             await self._queue(Detached(reason=event.reason))
         elif isinstance(event, ErrorReceived):
             await self._queue(event.error)
-        elif isinstance(event, ConnectionEnded):
-            self._lost = event.error  # raised once what was received is taken
-            if (self._answered.is_set() and isinstance(event.error, RequestError)
-                    and event.error.retriable):
-                # The server ended the whole connection for a while (`server_restarting` on
-                # channel 0) after the session began: for the session, it was lost.
-                self._lost = ConnectionLost(f"the server closed the connection: {event.error}")
-                self._lost.__cause__ = event.error
-            if not self._answered.is_set():
-                self._refusal = event.error
-                self._answered.set()
-            self._send.close()
-            self.wake_sender()
+        else:
+            self._ended(event.error)
+
+    def _opened(self, opened: Opened) -> None:
+        self.pid, self.id, self.argv = opened.pid, opened.session, opened.argv
+        if opened.pty is not None:  # (a server that does not say: what was asked)
+            self.pty = opened.pty
+        self._answered.set()
+
+    def _attached(self, attached: Attached) -> None:
+        self.pid, self.id, self.pty = attached.pid, attached.session, attached.pty
+        self.dropped = attached.dropped
+        if attached.offsets is not None:  # where this attach's output begins
+            self.offsets = Offsets(stdout=attached.offsets.stdout,
+                                   stderr=attached.offsets.stderr)
+        self._stale = self._unread
+        self.prologue = attached.prologue
+        if self.role == OBSERVER and attached.role != OBSERVER:
+            # A server that does not know section 11 attaches a writer: never act as one
+            # for a client that asked to watch (the connection detaches it).
+            self._refusal = RequestError(
+                ErrorCode.BAD_REQUEST, "the server attached this channel as writer, not "
+                "observer: it does not serve observers (protocol section 11)")
+        else:
+            self.role = attached.role or WRITER
+        self._answered.set()
+
+    def _notice(self, notice: Skipped | Audience) -> None:
+        if isinstance(notice, Audience):
+            self.observers = notice.observers
+            return
+        self.skipped += notice.bytes  # skipped: the streams go on that much later
+        if notice.offsets is not None:
+            self.offsets = Offsets(stdout=notice.offsets.stdout, stderr=notice.offsets.stderr)
+        else:
+            self.offsets.stdout += notice.bytes
+
+    def _refused(self, error: Error) -> None:
+        if self._answered.is_set():  # a resume's attach: the session is gone
+            self._ended(ConnectionLost(
+                f"could not resume: the server answered {error.code}: {error.message}"))
+            return
+        self._refusal = request_error(error)
+        self._answered.set()
+
+    def _ended(self, error: Exception) -> None:
+        """The connection ended: ``error`` is raised once what was received is taken."""
+        self._lost = error
+        if self._answered.is_set() and isinstance(error, RequestError) and error.retriable:
+            # The server ended the whole connection for a while (`server_restarting` on
+            # channel 0) after the session began: for the session, it was lost.
+            self._lost = ConnectionLost(f"the server closed the connection: {error}")
+            self._lost.__cause__ = error
+        if not self._answered.is_set():
+            self._refusal = error
+            self._answered.set()
+        self._send.close()
+        self.wake_sender()
 
     async def _queue(self, item: _Item) -> None:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
