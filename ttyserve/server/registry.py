@@ -4,7 +4,9 @@ hang-up at shutdown, the detached timeout.
 A connection asks the registry to open a session, or to attach to one, and
 attaches a channel to it; the session runs on the loop's callbacks or in the
 registry's task group, never the connection's, so a session can outlive the
-connection that opened it.
+connection that opened it. Three parts live apart, for size: where sessions run and what
+their ends leave (session_ends.py), grants (sharing.py), and an upgrade in place
+(handing_over.py).
 """
 
 from __future__ import annotations
@@ -15,57 +17,44 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import anyio.abc
 
 from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
-from ..backends.local import ChildBackend
-from ..defaults import BUSY_RETRY_MS, DEFAULT_SHARE_TTL, UPGRADE_RETRY_MS
+from ..defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
 from ..errors import ErrorCode, RequestError
 from ..protocol.messages import (
-    EXPIRED,
     OBSERVER,
-    REVOKED,
     STOLEN,
-    WRITER,
     Attach,
-    Exit,
     Open,
     SessionInfo,
-    Share,
     members,
 )
-from ..version import __version__
-from .attachment import LOST
 from .grants import Grant, Grants
-from .handover import ExitedProcess, GrantState, SessionState
+from .handing_over import HandingOver
 from .journal import (
     Journal,
     Reason,
-    Record,
-    ServerUpgrade,
-    SessionAttach,
     SessionDetach,
     SessionEnd,
-    SessionShare,
-    SessionUnshare,
 )
 from .life import Event
 from .observer import Observer
-from .recording import Recording, finish_recording, start_recording
+from .recording import start_recording
 from .scrollback import OffsetBeyondOutput
-from .session import ServerSession, Sink
+from .session import ServerSession
+from .session_ends import SessionEnds
 from .settings import ServerSettings
+from .sharing import Sharing
+from .sinks import Sink
 from .tasks import Tasks, open_tasks
 from .typing_first import Typing
 
 log = logging.getLogger("ttyserve")
-
-QUIET_POLL = 0.01  # seconds between looks for a state that can be handed over
 
 
 def busy(message: str) -> RequestError:
@@ -107,7 +96,7 @@ class JournalIds:
         return f"{self._prefix}{next(self._count)}"
 
 
-class SessionRegistry:
+class SessionRegistry(SessionEnds, Sharing, HandingOver):
     """Every live session of one server, by id."""
 
     def __init__(self, settings: ServerSettings, backend: Backend,
@@ -334,61 +323,6 @@ class SessionRegistry:
         self.note_soon(session, SessionDetach, channel.peer, role=channel.role,
                        grant=channel.grant, reason=reason)
 
-    # --- grants (section 11) ------------------------------------------------------------
-
-    def share(self, request: Share, owner: str, peer: str) -> tuple[str, Grant]:
-        """A grant for ``owner``'s session: the secret and its record; RequestError
-        bad_request (a ttl over --max-share-ttl) or no_such_session (as `attach`)."""
-        limit = self.settings.max_share_ttl
-        ttl = request.ttl if request.ttl is not None else min(DEFAULT_SHARE_TTL, limit)
-        if ttl > limit:
-            raise RequestError(ErrorCode.BAD_REQUEST, f"ttl {ttl} is over this server's "
-                               f"--max-share-ttl of {limit} s")
-        session = self._owned(request.session, owner)
-        if session.final is not None:
-            raise RequestError(ErrorCode.NO_SUCH_SESSION,
-                               "no such session: unknown, ended, or not yours")
-        secret, grant = self.grants.make(session.id, request.role, ttl, owner)
-        log.info("%s: session %s shared (%s, grant %s, until %s)", peer, session.id,
-                 grant.role, grant.id, grant.expires_at)
-        self.deadline_moved()
-        self._record_soon(SessionShare, session.id, peer=peer, grant=grant.id,
-                          role=grant.role, expires=grant.expires_at)
-        return secret, grant
-
-    def unshare(self, name: str, owner: str, peer: str) -> tuple[Grant, int]:
-        """Revoke ``owner``'s grant (named by the grant or its public id): every channel
-        attached through it ends with `detached` "revoked"; the grant and how many ended.
-        RequestError no_such_session for a grant that is unknown, over, or another's."""
-        grant = self.grants.find(name, owner)
-        if grant is None:
-            raise RequestError(ErrorCode.NO_SUCH_SESSION,
-                               "no such grant: unknown, expired, or not yours")
-        return grant, self._end_grant(grant, REVOKED, peer)
-
-    def _end_grant(self, grant: Grant, reason: str, peer: str | None = None) -> int:
-        """The grant is over (revoked by ``peer``, or expired): its channels end with
-        `detached` ``reason``, and the journal says so; how many channels."""
-        self.grants.remove(grant)
-        session = self.sessions.get(grant.session)
-        through = [] if session is None else [
-            channel for channel in (session.sink, *session.observers)
-            if channel is not None and channel.grant == grant.id]
-        for channel in through:
-            assert session is not None
-            self.cut(session, channel, reason)
-        log.info("%sgrant %s of session %s %s (%d channels detached)",
-                 f"{peer}: " if peer else "", grant.id, grant.session, reason, len(through))
-        self._record_soon(SessionUnshare, grant.session, peer=peer, grant=grant.id,
-                          reason=reason, channels=len(through))
-        return len(through)
-
-    def _expire_grants(self, now: float) -> float | None:
-        """End the grants whose time ran out; the wall-clock time the next one does."""
-        for grant in self.grants.due(now):
-            self._end_grant(grant, EXPIRED)
-        return self.grants.nearest()
-
     def listing(self, owner: str) -> list[SessionInfo]:
         """``owner``'s detachable sessions, for `list`."""
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
@@ -397,126 +331,6 @@ class SessionRegistry:
                             observers=len(s.observers),
                             grants=[grant.info() for grant in self.grants.of_session(s.id)])
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
-
-    # --- running -----------------------------------------------------------------------
-
-    def start(self, session: ServerSession) -> None:
-        """Run an opened (and attached) session: on the loop's callbacks alone where it can,
-        else as a task of the registry's."""
-        assert self._tasks is not None, "SessionRegistry.running() is not entered"
-        self._running += 1
-        if not session.start(self._session_over):
-            self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
-
-    def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        assert self._tasks is not None, "SessionRegistry.running() is not entered"
-        self._tasks.start_soon(work)
-
-    async def _run(self, session: ServerSession) -> None:
-        """A session's task, where the loop has no readiness callbacks for all of it."""
-        status: Exit | None = None
-        try:
-            status = await session.run()
-        except Exception:  # one session's bug must not take the server down
-            log.exception("session %s failed", session.id)
-        finally:
-            await self._end(session, status)
-
-    def _session_over(self, session: ServerSession, status: Exit | None) -> None:
-        """A session on readiness callbacks alone is over (``status``), or must be ended
-        (None: cancelled, a fault). What is left is done at once when nothing has to be
-        awaited, else in a task: the kill and the reap, the recording, the journal."""
-        if status is not None and not session.life.recorded and not session.taps:
-            session.close()
-            self._ending(session, status)
-            self._ended(session)
-        else:
-            assert self._tasks is not None, "SessionRegistry.running() is not entered"
-            self._tasks.start_soon(self._finish, session, status, scope=session.cancel_scope())
-
-    async def _finish(self, session: ServerSession, status: Exit | None) -> None:
-        try:
-            await session.aclose()
-        finally:
-            await self._end(session, status)
-
-    async def _end(self, session: ServerSession, status: Exit | None) -> None:
-        """What a session leaves behind: its channel's end, its recording, its end record."""
-        self._ending(session, status)
-        await finish_recording(session)  # its exit, then the file closed: never raises
-        if session.life.recorded:
-            await self._record(lambda journal: journal.append(
-                self._end_record(journal, session, status)))
-        self._ended(session)
-
-    @staticmethod
-    def _ending(session: ServerSession, status: Exit | None) -> None:
-        if session.fault is not None:
-            log.error("session %s failed: %r", session.id, session.fault)
-        session.stdin.close()
-        if status is None:  # (a fault in its task: ended all the same)
-            session.life.end(Reason.CANCELLED)
-        if status is None and session.sink is not None:
-            session.sink.lost()  # a fault: the channel ends with exit -1 all the same
-            session.sink = None
-        if status is None:  # ended, not exited: observers learn how it died (they saw it all)
-            for observer in list(session.observers):
-                observer.finish(session.process.status or LOST)
-
-    def _ended(self, session: ServerSession) -> None:
-        session.life.over = True
-        if self._kept(session):  # for the next attach, in bounded memory
-            self.deadline_moved()
-        else:
-            self._forget(session)
-        self._running -= 1  # after the end record: "none running" means all written
-        if self._emptied is not None:
-            self._emptied.set()
-
-    @staticmethod
-    def _end_record(journal: Journal, session: ServerSession, status: Exit | None,
-                    ) -> SessionEnd:
-        final = session.process.status
-        return SessionEnd(
-            id=session.id, at=journal.now(), reason=session.life.end_reason(status),
-            code=final.code if final else None, signal=final.signal if final else None,
-            error=final.error if final else None,
-            bytes_in=session.bytes_in, bytes_out=session.bytes_out,
-            leftovers=session.process.leftovers, oom=session.process.oom)
-
-    async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
-        """Write journal records, shielded (a start always gets its end); False when there is
-        no journal or the write failed (logged: the session goes on without records)."""
-        if self.journal is None:
-            return False
-        with anyio.CancelScope(shield=True):
-            try:
-                await write(self.journal)
-            except OSError as exc:
-                log.error("journal %s: %s", self.journal.path, exc)
-                return False
-        return True
-
-    def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
-                  peer: str, **members: object) -> None:
-        """A detach or an attach: the sweeper plans again, and the journal records it (in a
-        task: this is called from where nothing can wait)."""
-        self.deadline_moved()
-        self._record_soon(kind, session.id, peer=peer, **members)
-
-    def _record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
-        """Write a record of ``session_id`` in a task (the journal's `at`)."""
-        if self.journal is not None and self._task_group is not None:
-            self._noting += 1
-            self._task_group.start_soon(self._note, kind, session_id, members)
-
-    async def _note(self, kind: type[Record], session_id: str,
-                    members: dict[str, object]) -> None:
-        try:
-            await self._record(lambda journal: journal.append(
-                kind(id=session_id, at=journal.now(), **members)))
-        finally:
-            self._noting -= 1
 
     # --- the sweeper, and the end ----------------------------------------------------
 
@@ -608,103 +422,3 @@ class SessionRegistry:
         while not condition():
             self._emptied = anyio.Event()
             await self._emptied.wait()
-
-    # --- an upgrade in place (section 12) -----------------------------------------------
-
-    async def end_undetachable(self, drain: float, grace: float) -> None:
-        """Let the sessions no client can attach again end by themselves for ``drain``
-        seconds, then hang them up, as a graceful shutdown does; those still running
-        ``grace`` seconds later are ended (killed)."""
-        def undetachable() -> list[ServerSession]:
-            return [s for s in self.sessions.values() if not s.detachable]
-
-        with anyio.move_on_after(drain):
-            await self._until(lambda: not undetachable())
-        for session in undetachable():
-            session.hang_up()
-        with anyio.move_on_after(grace):
-            await self._until(lambda: not undetachable())
-        for session in undetachable():
-            session.cancel(Reason.SHUTDOWN)
-        await self._until(lambda: not undetachable())
-
-    def quiet(self) -> bool:
-        """Whether no session is half-way through its end and no record is being written: a
-        state can be handed over."""
-        return (not self._opening and not self._noting
-                and (self.journal is None or self.journal.idle)
-                and not any(s.in_transition or any(isinstance(o, Recording) and o.writing
-                                                   for o in s.taps)
-                            for s in self.sessions.values()))
-
-    async def until_quiet(self, timeout: float) -> bool:
-        """Until `quiet`, with every recording's events written; whether it came in time."""
-        with anyio.move_on_after(timeout):
-            while True:
-                while not self.quiet():
-                    await anyio.sleep(QUIET_POLL)
-                for session in self.sessions.values():
-                    for tap in session.taps:
-                        if isinstance(tap, Recording):
-                            await tap.flushed()
-                if self.quiet():  # (and nothing began while the recordings were written)
-                    return True
-        return False
-
-    def describe(self) -> list[SessionState]:
-        """What `handover` would hand over now, changing nothing (for the dry run: the new
-        code must read it): the detachable sessions."""
-        return [s.handover(dry=True) for s in self.sessions.values() if s.detachable]
-
-    def handover(self) -> list[SessionState]:
-        """Every session, for new code in this process (the caller executes it next, with no
-        await between): by now each is detachable and detached. They are this registry's no
-        more (`adopt` takes them back if the new code cannot be executed)."""
-        states = [session.handover() for session in self.sessions.values()]
-        self.sessions.clear()
-        self._running = 0
-        return states
-
-    def describe_grants(self) -> list[GrantState]:
-        """The open grants, for new code in this process (their hashes: never a grant)."""
-        return [GrantState(id=g.id, digest=g.digest, session=g.session, role=g.role,
-                           owner=g.owner, expires=g.expires) for g in self.grants]
-
-    async def adopted(self, states: list[SessionState], backend: ChildBackend,
-                      from_version: str, grants: list[GrantState] | None = None) -> None:
-        """Go on after an upgrade in place: the sessions and grants handed over, adopted;
-        the journal's one `server.upgrade` record."""
-        self.adopt(states, backend)
-        for state in grants or []:
-            if state.session in self.sessions:
-                self.grants.restore(Grant(
-                    id=state.id, digest=state.digest, session=state.session,
-                    role=OBSERVER if state.role == OBSERVER else WRITER, owner=state.owner,
-                    expires=state.expires))
-        await self._record(lambda journal: journal.append(ServerUpgrade(
-            at=journal.now(), from_version=from_version, to_version=__version__,
-            sessions=len(states))))
-        log.info("upgraded: %d sessions kept", len(states))
-
-    def adopt(self, states: list[SessionState], backend: ChildBackend) -> None:
-        """Go on with the sessions that code before an upgrade handed over."""
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
-        for state in states:
-            process: ProcessHandle
-            if state.process is not None:
-                process = backend.adopt(state.process)
-            else:  # over (released once its exit was offered): the exit waits for a client
-                assert state.final is not None
-                process = ExitedProcess(state.pid, state.final)
-            session = ServerSession.adopted(
-                state, process, self._start_task, linger=self.settings.linger,
-                kill_leftovers=self._kill_leftovers)
-            session.on_delivered = self._delivered
-            if state.recording is not None:
-                recording = Recording.adopted(state.recording)
-                session.taps.append(recording)
-                self._task_group.start_soon(recording.run)
-            self.sessions[session.id] = session
-            if state.process is not None:
-                self.start(session)
-        self.deadline_moved()

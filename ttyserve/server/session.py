@@ -21,95 +21,23 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
 import anyio
 
 from ..backends.base import ProcessHandle, ProcessSpec
 from ..defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit, Message, Resize, Role, Signal
+from ..protocol.messages import Exit, Message, Resize, Signal
 from ..protocol.terminal_modes import TerminalModes
 from ..transport.readiness import Watch
-from .handover import ModesState, RecordingState, RingState, SessionState
 from .journal import Reason, now_rfc3339
 from .life import Action, Event, Life, Phase
 from .observer import Observer
 from .pump import OutputPump
 from .scrollback import Scrollback
+from .sinks import Sink, Tap
 from .stdin import StartTask, StdinQueue
 from .typing_first import Typing
-
-
-class Sink(Protocol):
-    """Where a session's output goes: the channel it is attached to (attachment.py)."""
-
-    live: bool  # the replay (if any) is over: live output and the exit may go out
-    grant: str | None  # the public id of the grant it came through (section 11), if any
-    role: Role  # WRITER
-
-    @property
-    def peer(self) -> str:
-        """Who is at the other end (for the journal)."""
-        ...
-
-    def limit(self) -> int:
-        """Bytes that may be sent now (one frame at most); 0 until resumed."""
-        ...
-
-    def send_output(self, kind: FrameKind, data: bytes) -> bool:
-        """Frame one output frame and hand it on; whether the sink takes more now."""
-        ...
-
-    @property
-    def splices(self) -> bool:
-        """Whether output may be spliced from a pipe into it (a live Unix socket's channel)."""
-        ...
-
-    def splice_output(self, kind: FrameKind, pipe: int, size: int) -> bool:
-        """`send_output` of the next ``size`` bytes of ``pipe`` (they leave it either way)."""
-        ...
-
-    def send_exit(self, status: Exit) -> bool:
-        """Frame the channel's last frame; False when the channel had ended."""
-        ...
-
-    def stdin_consumed(self, size: int) -> None:
-        """The process took ``size`` bytes of input later (STDIN credit may be granted)."""
-        ...
-
-    def audience(self, observers: int) -> None:
-        """The number of observers changed (section 11)."""
-        ...
-
-    def lost(self) -> None:
-        """The session is over without its exit: the channel ends all the same."""
-        ...
-
-    def release(self, reason: str | None = None) -> None:
-        """The session goes on without this sink: the channel ends with `detached`."""
-        ...
-
-
-@runtime_checkable
-class HandsOver(Protocol):
-    """A tap that goes on after an upgrade in place (a recording)."""
-
-    def handover(self, dry: bool = False) -> RecordingState | None: ...
-
-
-class Tap(Protocol):
-    """Sees every output chunk, input chunk and resize, and the end, whether a client is
-    attached or not (a recording)."""
-
-    def output(self, kind: FrameKind, data: bytes) -> None: ...
-
-    def typed(self, data: bytes) -> None: ...
-
-    def resized(self, rows: int, cols: int) -> None: ...
-
-    def exited(self, status: Exit) -> None: ...
-
 
 Ended = Callable[["ServerSession", Exit | None], None]
 
@@ -373,13 +301,13 @@ class ServerSession:
     async def aclose(self) -> None:
         """The session is over, or ended: no more callbacks; the process is killed if it
         still runs, reaped, and its descriptors released."""
-        self._stop_pumps()
+        self.stop_output()
         await self.process.aclose()
         self.released = True
 
     def close(self) -> None:
         """`aclose` of a session over on callbacks alone, its process reaped: no waiting."""
-        self._stop_pumps()
+        self.stop_output()
         self.process.release()
         self.released = True
 
@@ -390,63 +318,6 @@ class ServerSession:
         life = self.life
         return not life.over and (life.reason is not None or life.phase not in (
             Phase.RUNNING, Phase.QUIET, Phase.DRAINING))
-
-    def handover(self, dry: bool = False) -> SessionState:
-        """What new code in this process needs to go on with this detached session (an upgrade
-        in place); from now on its descriptors are the new code's (``dry``: only what that
-        would be, changing nothing)."""
-        assert self.ring is not None, "only detachable sessions go on"
-        if not dry:
-            assert self.sink is None, "only detached sessions go on"
-            self._stop_pumps()
-        spec, ring, modes = self.spec, self.ring, self.modes
-        _, chunks = ring.since(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR])
-        return SessionState(
-            id=self.id, pid=self.pid, owner=self.owner, peer=self.peer, started=self.started,
-            argv=spec.argv, pty=spec.pty, rows=self.size[0], cols=self.size[1], term=spec.term,
-            env=spec.env, cwd=spec.cwd, detached_at=self.detached_at,
-            detached_timeout=self.detached_timeout, final=self.life.final,
-            delivered_at=self.delivered_at, recorded=self.life.recorded,
-            bytes_in=self.bytes_in, bytes_out=self.bytes_out, tree_settled=self.output_over,
-            ring=RingState(size=ring.size, dropped=ring.dropped,
-                           start=(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR]),
-                           end=(ring.end[FrameKind.STDOUT], ring.end[FrameKind.STDERR]),
-                           chunks=[(int(kind), data) for kind, data in chunks]),
-            modes=None if modes is None else ModesState(
-                modes=dict(modes.modes), keypad=modes.keypad, title=modes.title),
-            process=None if self.released else self.process.handover(dry),
-            recording=next((o.handover(dry) for o in self.taps
-                            if isinstance(o, HandsOver)), None))
-
-    @classmethod
-    def adopted(cls, state: SessionState, process: ProcessHandle, start_task: StartTask, *,
-                linger: float, kill_leftovers: bool) -> ServerSession:
-        """The session `handover` described, going on in this code with ``process``."""
-        spec = ProcessSpec(argv=state.argv, pty=state.pty, rows=state.rows, cols=state.cols,
-                           term=state.term, env=state.env, cwd=state.cwd, name=state.id)
-        session = cls(state.id, process, spec, state.peer, start_task, linger=linger,
-                      owner=state.owner, scrollback=state.ring.size,
-                      detached_timeout=state.detached_timeout, kill_leftovers=kill_leftovers)
-        kinds = (FrameKind.STDOUT, FrameKind.STDERR)
-        ring = state.ring
-        session.ring = Scrollback.restored(
-            ring.size, ring.dropped, dict(zip(kinds, ring.start, strict=True)),
-            dict(zip(kinds, ring.end, strict=True)),
-            [(FrameKind(kind), data) for kind, data in ring.chunks])
-        if session.modes is not None and state.modes is not None:
-            session.modes.modes.update(state.modes.modes)
-            session.modes.keypad, session.modes.title = state.modes.keypad, state.modes.title
-        session.started = state.started
-        session.detached_at = state.detached_at
-        session.delivered_at = state.delivered_at
-        session.bytes_in, session.bytes_out = state.bytes_in, state.bytes_out
-        life = session.life
-        life.recorded = state.recorded
-        if state.final is not None:  # over: its exit waits for a client, or was delivered
-            life.status = life.final = state.final
-            life.phase = Phase.EXITED if state.delivered_at is None else Phase.DELIVERED
-            session.released = life.over = True
-        return session
 
     async def _run(self) -> Exit:
         if self._exit_watch is not None:
@@ -593,7 +464,7 @@ class ServerSession:
     def _stderr_readable(self) -> None:
         self._stderr_pump().readable()
 
-    def _stop_pumps(self) -> None:
+    def stop_output(self) -> None:
         """No more reading, and what read is let go: the pumps, watches and timer hold the
         session (cycles that would keep an ended one until a collection)."""
         if self._exit_watch is not None:

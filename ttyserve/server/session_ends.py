@@ -1,0 +1,161 @@
+"""The registry's part in a session's end: where a session runs (the loop's callbacks, or a
+task), and what its end leaves behind: its channel's end, its recording, its journal record;
+and the detach and attach records written beside.
+
+A part of `SessionRegistry` (registry.py), apart for size: a mixin with no state of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from ..protocol.messages import Exit
+from .attachment import LOST
+from .journal import Journal, Reason, Record, SessionAttach, SessionDetach, SessionEnd
+from .recording import finish_recording
+from .session import ServerSession
+from .settings import ServerSettings
+from .tasks import Tasks
+
+log = logging.getLogger("ttyserve")
+
+
+class SessionEnds:
+    """Runs the registry's sessions and writes their ends."""
+
+    settings: ServerSettings
+    journal: Journal | None
+    sessions: dict[str, ServerSession]
+    _running: int
+    _noting: int
+    _tasks: Tasks | None
+    _task_group: anyio.abc.TaskGroup | None
+    _emptied: anyio.Event | None
+
+    if TYPE_CHECKING:  # the registry's own
+        def _kept(self, session: ServerSession) -> bool: ...
+        def _forget(self, session: ServerSession) -> None: ...
+        def deadline_moved(self) -> None: ...
+
+    def start(self, session: ServerSession) -> None:
+        """Run an opened (and attached) session: on the loop's callbacks alone where it can,
+        else as a task of the registry's."""
+        assert self._tasks is not None, "SessionRegistry.running() is not entered"
+        self._running += 1
+        if not session.start(self._session_over):
+            self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
+
+    def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        assert self._tasks is not None, "SessionRegistry.running() is not entered"
+        self._tasks.start_soon(work)
+
+    async def _run(self, session: ServerSession) -> None:
+        """A session's task, where the loop has no readiness callbacks for all of it."""
+        status: Exit | None = None
+        try:
+            status = await session.run()
+        except Exception:  # one session's bug must not take the server down
+            log.exception("session %s failed", session.id)
+        finally:
+            await self._end(session, status)
+
+    def _session_over(self, session: ServerSession, status: Exit | None) -> None:
+        """A session on readiness callbacks alone is over (``status``), or must be ended
+        (None: cancelled, a fault). What is left is done at once when nothing has to be
+        awaited, else in a task: the kill and the reap, the recording, the journal."""
+        if status is not None and not session.life.recorded and not session.taps:
+            session.close()
+            self._ending(session, status)
+            self._ended(session)
+        else:
+            assert self._tasks is not None, "SessionRegistry.running() is not entered"
+            self._tasks.start_soon(self._finish, session, status, scope=session.cancel_scope())
+
+    async def _finish(self, session: ServerSession, status: Exit | None) -> None:
+        try:
+            await session.aclose()
+        finally:
+            await self._end(session, status)
+
+    async def _end(self, session: ServerSession, status: Exit | None) -> None:
+        """What a session leaves behind: its channel's end, its recording, its end record."""
+        self._ending(session, status)
+        await finish_recording(session)  # its exit, then the file closed: never raises
+        if session.life.recorded:
+            await self._record(lambda journal: journal.append(
+                self._end_record(journal, session, status)))
+        self._ended(session)
+
+    @staticmethod
+    def _ending(session: ServerSession, status: Exit | None) -> None:
+        if session.fault is not None:
+            log.error("session %s failed: %r", session.id, session.fault)
+        session.stdin.close()
+        if status is None:  # (a fault in its task: ended all the same)
+            session.life.end(Reason.CANCELLED)
+        if status is None and session.sink is not None:
+            session.sink.lost()  # a fault: the channel ends with exit -1 all the same
+            session.sink = None
+        if status is None:  # ended, not exited: observers learn how it died (they saw it all)
+            for observer in list(session.observers):
+                observer.finish(session.process.status or LOST)
+
+    def _ended(self, session: ServerSession) -> None:
+        session.life.over = True
+        if self._kept(session):  # for the next attach, in bounded memory
+            self.deadline_moved()
+        else:
+            self._forget(session)
+        self._running -= 1  # after the end record: "none running" means all written
+        if self._emptied is not None:
+            self._emptied.set()
+
+    @staticmethod
+    def _end_record(journal: Journal, session: ServerSession, status: Exit | None,
+                    ) -> SessionEnd:
+        final = session.process.status
+        return SessionEnd(
+            id=session.id, at=journal.now(), reason=session.life.end_reason(status),
+            code=final.code if final else None, signal=final.signal if final else None,
+            error=final.error if final else None,
+            bytes_in=session.bytes_in, bytes_out=session.bytes_out,
+            leftovers=session.process.leftovers, oom=session.process.oom)
+
+    async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
+        """Write journal records, shielded (a start always gets its end); False when there is
+        no journal or the write failed (logged: the session goes on without records)."""
+        if self.journal is None:
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                await write(self.journal)
+            except OSError as exc:
+                log.error("journal %s: %s", self.journal.path, exc)
+                return False
+        return True
+
+    def note_soon(self, session: ServerSession, kind: type[SessionDetach | SessionAttach],
+                  peer: str, **members: object) -> None:
+        """A detach or an attach: the sweeper plans again, and the journal records it (in a
+        task: this is called from where nothing can wait)."""
+        self.deadline_moved()
+        self._record_soon(kind, session.id, peer=peer, **members)
+
+    def _record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
+        """Write a record of ``session_id`` in a task (the journal's `at`)."""
+        if self.journal is not None and self._task_group is not None:
+            self._noting += 1
+            self._task_group.start_soon(self._note, kind, session_id, members)
+
+    async def _note(self, kind: type[Record], session_id: str,
+                    members: dict[str, object]) -> None:
+        try:
+            await self._record(lambda journal: journal.append(
+                kind(id=session_id, at=journal.now(), **members)))
+        finally:
+            self._noting -= 1

@@ -1,0 +1,80 @@
+"""Where a session's output goes: the channel attached to it (`Sink`, attachment.py), and
+the taps that see all of it whether a client is attached or not (`Tap`: a recording)."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..protocol.frames import FrameKind
+from ..protocol.messages import Exit, Role
+from .handover import RecordingState
+
+
+class Sink(Protocol):
+    """Where a session's output goes: the channel it is attached to (attachment.py)."""
+
+    live: bool  # the replay (if any) is over: live output and the exit may go out
+    grant: str | None  # the public id of the grant it came through (section 11), if any
+    role: Role  # WRITER
+
+    @property
+    def peer(self) -> str:
+        """Who is at the other end (for the journal)."""
+        ...
+
+    def limit(self) -> int:
+        """Bytes that may be sent now (one frame at most); 0 until resumed."""
+        ...
+
+    def send_output(self, kind: FrameKind, data: bytes) -> bool:
+        """Frame one output frame and hand it on; whether the sink takes more now."""
+        ...
+
+    @property
+    def splices(self) -> bool:
+        """Whether output may be spliced from a pipe into it (a live Unix socket's channel)."""
+        ...
+
+    def splice_output(self, kind: FrameKind, pipe: int, size: int) -> bool:
+        """`send_output` of the next ``size`` bytes of ``pipe`` (they leave it either way)."""
+        ...
+
+    def send_exit(self, status: Exit) -> bool:
+        """Frame the channel's last frame; False when the channel had ended."""
+        ...
+
+    def stdin_consumed(self, size: int) -> None:
+        """The process took ``size`` bytes of input later (STDIN credit may be granted)."""
+        ...
+
+    def audience(self, observers: int) -> None:
+        """The number of observers changed (section 11)."""
+        ...
+
+    def lost(self) -> None:
+        """The session is over without its exit: the channel ends all the same."""
+        ...
+
+    def release(self, reason: str | None = None) -> None:
+        """The session goes on without this sink: the channel ends with `detached`."""
+        ...
+
+
+@runtime_checkable
+class HandsOver(Protocol):
+    """A tap that goes on after an upgrade in place (a recording)."""
+
+    def handover(self, dry: bool = False) -> RecordingState | None: ...
+
+
+class Tap(Protocol):
+    """Sees every output chunk, input chunk and resize, and the end, whether a client is
+    attached or not (a recording)."""
+
+    def output(self, kind: FrameKind, data: bytes) -> None: ...
+
+    def typed(self, data: bytes) -> None: ...
+
+    def resized(self, rows: int, cols: int) -> None: ...
+
+    def exited(self, status: Exit) -> None: ...
