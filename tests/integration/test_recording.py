@@ -25,7 +25,7 @@ from ttyserve.errors import ConnectionLost, SessionDetached
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Exit
 from ttyserve.server.journal import SessionStart, read_file
-from ttyserve.server.recording import Recording
+from ttyserve.server.sessions.recording import Recording
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,5 +1,5 @@
 """A keystroke never waits behind a whole chunk of another session's flood: once a PTY
-session's echo is out, the flooding session's frames are small (server/typing_first.py);
+session's echo is out, the flooding session's frames are small (server/sessions/typing_first.py);
 before anyone typed they were whole."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from helpers import SH, ctrl, raw_peer, running_server
 
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Open
-from ttyserve.server.typing_first import BULK_GRAIN
+from ttyserve.server.sessions.typing_first import BULK_GRAIN
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 AFTER = 8  # frames of the flood looked at once the echo is out

@@ -22,10 +22,10 @@ from ttyserve.protocol.messages import (
     parse_object,
 )
 from ttyserve.protocol.server import HelloReceived, OpenRequested, ServerConnection
-from ttyserve.server.attachment import Attachment
-from ttyserve.server.life import Event
-from ttyserve.server.observer import Observer
-from ttyserve.server.session import ServerSession
+from ttyserve.server.channels.attachment import Attachment
+from ttyserve.server.channels.observer import Observer
+from ttyserve.server.sessions.life import Event
+from ttyserve.server.sessions.session import ServerSession
 from ttyserve.transport.readiness import Watch
 from ttyserve.transport.streams import Buffer
 

@@ -17,9 +17,9 @@ from server.fakes import Wire, controls, make_session, output
 
 from ttyserve.client import connect
 from ttyserve.protocol.frames import FrameKind
-from ttyserve.server.attachment import Attachment
-from ttyserve.server.pump import Stall
-from ttyserve.server.session import ServerSession
+from ttyserve.server.channels.attachment import Attachment
+from ttyserve.server.sessions.pump import Stall
+from ttyserve.server.sessions.session import ServerSession
 
 
 def test_until_the_replay_is_over_the_attachment_takes_no_live_output() -> None:

@@ -1,4 +1,4 @@
-"""The session's life (server/life.py): its table, and a real session driven through it in
+"""The session's life (server/sessions/life.py): its table, and a real session driven through it in
 every order hypothesis finds (its process, output, reaping, cancels, detaches and attaches,
 a writer without room), against the contract: the exit once, last, after the replay and all
 output; nothing of an ended session sent after its end; the journal's reason right."""
@@ -13,10 +13,18 @@ from server.fakes import Wire, make_session
 
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Cancel, Exit, encode_message, parse_object
-from ttyserve.server.attachment import Attachment
+from ttyserve.server.channels.attachment import Attachment
 from ttyserve.server.journal import Reason
-from ttyserve.server.life import IGNORED, TRANSITIONS, Action, Event, Life, LifeError, Phase
-from ttyserve.server.pump import OutputPump, Stall
+from ttyserve.server.sessions.life import (
+    IGNORED,
+    TRANSITIONS,
+    Action,
+    Event,
+    Life,
+    LifeError,
+    Phase,
+)
+from ttyserve.server.sessions.pump import OutputPump, Stall
 
 
 def test_an_event_is_a_move_ignored_or_refused_as_a_drivers_bug() -> None:

@@ -8,8 +8,8 @@ from server.fakes import FakeProcess, Wire, controls, make_session
 
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Exit, Offsets, Window, encode_message
-from ttyserve.server.observer import Observer
-from ttyserve.server.pump import OutputPump, Stall
+from ttyserve.server.channels.observer import Observer
+from ttyserve.server.sessions.pump import OutputPump, Stall
 
 RING = 4096  # make_session's scrollback: an observer's backlog holds no more
 

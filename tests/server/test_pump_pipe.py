@@ -11,7 +11,7 @@ import pytest
 
 from ttyserve.backends.local import FdSource
 from ttyserve.protocol.frames import FrameKind
-from ttyserve.server.pump import OutputPump, Stall
+from ttyserve.server.sessions.pump import OutputPump, Stall
 from ttyserve.transport.splice import CAN_SPLICE, buffered
 
 pytestmark = pytest.mark.skipif(not CAN_SPLICE, reason="splice(2) is Linux's")

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ttyserve.protocol.frames import FrameKind
-from ttyserve.server.scrollback import CHUNK_COST, PIECE, OffsetBeyondOutput, Scrollback
+from ttyserve.server.sessions.scrollback import CHUNK_COST, PIECE, OffsetBeyondOutput, Scrollback
 
 OUT, ERR = FrameKind.STDOUT, FrameKind.STDERR
 

@@ -9,10 +9,10 @@ from server.fakes import FakeProcess, Wire, controls, make_session, output
 
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Exit, Resize, Signal
-from ttyserve.server.attachment import Attachment
+from ttyserve.server.channels.attachment import Attachment
 from ttyserve.server.journal import Reason
-from ttyserve.server.pump import OutputPump, Stall
-from ttyserve.server.session import ServerSession
+from ttyserve.server.sessions.pump import OutputPump, Stall
+from ttyserve.server.sessions.session import ServerSession
 
 
 def started(session: ServerSession) -> list[OutputPump]:

@@ -26,6 +26,28 @@ LAYERS = [
 ]
 
 
+# Inside server/, bottom first: what every part uses, one session, what attaches to it, the
+# sessions of the server, one connection, and the server itself.
+SERVER_LAYERS = [
+    {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "policy",
+     "settings", "config"},
+    {"sessions"},
+    {"channels"},
+    {"registry"},
+    {"connections"},
+    {"listener", "upgrade", "__init__"},
+]
+
+
+def server_layer(module: str) -> int | None:
+    """The layer inside server/ of ``module``; None outside server/."""
+    parts = module.split(".")
+    if parts[:2] != ["ttyserve", "server"]:
+        return None
+    top = parts[2] if len(parts) > 2 else "__init__"
+    return next(i for i, names in enumerate(SERVER_LAYERS) if top in names)
+
+
 def layer(module: str) -> int:
     top = module.split(".")[1] if "." in module else "__init__"
     return next(i for i, names in enumerate(LAYERS) if top in names)
@@ -95,3 +117,13 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 
     circles = [c for m in sorted(graph) if (c := circle_from(m, [])) is not None]
     assert circles == []
+
+
+def test_inside_server_every_import_points_down() -> None:
+    wrong = []
+    for module, path in modules().items():
+        here = server_layer(module)
+        for target in imports(module, path, top_level_only=False) if here is not None else ():
+            if (there := server_layer(target)) is not None and there > here:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []

@@ -1,10 +1,10 @@
-"""Interactive first (server/typing_first.py): while anyone types, the sessions nobody
+"""Interactive first (server/sessions/typing_first.py): while anyone types, the sessions nobody
 types into read small; the typed-into session, and everyone once nobody types, whole."""
 
 from __future__ import annotations
 
 from ttyserve.defaults import OUTPUT_CHUNK
-from ttyserve.server.typing_first import BULK_GRAIN, TYPING_WINDOW, Typing
+from ttyserve.server.sessions.typing_first import BULK_GRAIN, TYPING_WINDOW, Typing
 
 
 class Clock:

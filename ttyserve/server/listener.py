@@ -33,10 +33,10 @@ from ..transport.streams import (
     send_all,
 )
 from .auth import Gate, Peer, peer_of
-from .handler import ConnectionHandler
+from .connections.handler import ConnectionHandler
 from .handover import HandoverState
 from .journal import Journal
-from .registry import SessionRegistry, busy
+from .registry.registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
 

@@ -42,7 +42,7 @@ from .handover import (
 )
 from .journal import Journal
 from .lease import SocketLease
-from .registry import SessionRegistry
+from .registry.registry import SessionRegistry
 
 log = logging.getLogger("ttyserve")
 

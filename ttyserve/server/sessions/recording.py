@@ -21,11 +21,11 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from ..backends.base import ProcessSpec
-from ..lines import write_all
-from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit
-from .handover import RecordingState
+from ...backends.base import ProcessSpec
+from ...lines import write_all
+from ...protocol.frames import FrameKind
+from ...protocol.messages import Exit
+from ..handover import RecordingState
 from .session import ServerSession
 
 log = logging.getLogger("ttyserve")

@@ -24,17 +24,17 @@ from typing import Any, TypeVar, cast
 import anyio
 import anyio.abc
 
-from ..defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
-from ..errors import RemoteProtocolError
-from ..protocol.frames import FrameKind
-from ..protocol.heartbeat import Heartbeat
-from ..protocol.messages import (
+from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
+from ...errors import RemoteProtocolError
+from ...protocol.frames import FrameKind
+from ...protocol.heartbeat import Heartbeat
+from ...protocol.messages import (
     Attached,
     Eof,
     Exit,
     Offsets,
 )
-from ..protocol.server import (
+from ...protocol.server import (
     AttachRequested,
     CancelRequested,
     ControlReceived,
@@ -50,10 +50,10 @@ from ..protocol.server import (
     StdinReceived,
     UnshareRequested,
 )
-from ..transport.outbox import Outbox, TaskStarter
-from ..transport.readiness import ReadableService
-from ..transport.splice import discard
-from ..transport.streams import (
+from ...transport.outbox import Outbox, TaskStarter
+from ...transport.readiness import ReadableService
+from ...transport.splice import discard
+from ...transport.streams import (
     Buffer,
     PipeTransport,
     ReadsNowait,
@@ -62,12 +62,12 @@ from ..transport.streams import (
     Transport,
     close_gracefully,
 )
-from .attachment import Attachment
-from .auth import Gate, Peer
-from .grants import Grant
-from .observer import Observer
+from ..auth import Gate, Peer
+from ..channels.attachment import Attachment
+from ..channels.observer import Observer
+from ..grants import Grant
+from ..registry.registry import SessionRegistry, restarting, shutting_down
 from .peer_checks import PeerChecks
-from .registry import SessionRegistry, restarting, shutting_down
 from .requests import Later, SessionRequests
 
 log = logging.getLogger("ttyserve")

@@ -4,9 +4,9 @@ process needs to go on with it (`session_state`), and the session that goes on f
 
 from __future__ import annotations
 
-from ..backends.base import ProcessHandle, ProcessSpec
-from ..protocol.frames import FrameKind
-from .handover import ModesState, RingState, SessionState
+from ...backends.base import ProcessHandle, ProcessSpec
+from ...protocol.frames import FrameKind
+from ..handover import ModesState, RingState, SessionState
 from .life import Phase
 from .scrollback import Scrollback
 from .session import ServerSession

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import enum
 
-from ..protocol.messages import Exit
-from .journal import Reason
+from ...protocol.messages import Exit
+from ..journal import Reason
 
 
 class Phase(enum.Enum):

@@ -18,14 +18,14 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from ..defaults import REDRAW_INTERVAL
-from ..protocol.frames import FrameKind
-from ..protocol.messages import OBSERVER, Attached, Exit, Offsets
+from ...defaults import REDRAW_INTERVAL
+from ...protocol.frames import FrameKind
+from ...protocol.messages import OBSERVER, Attached, Exit, Offsets
+from ..sessions.scrollback import CHUNK_COST, add_chunk
 from .attachment import ChannelHost, Chunks, SessionChannel, take
-from .scrollback import CHUNK_COST, add_chunk
 
 if TYPE_CHECKING:
-    from .session import ServerSession
+    from ..sessions.session import ServerSession
 
 
 class Observer(SessionChannel):

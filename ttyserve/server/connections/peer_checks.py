@@ -17,15 +17,15 @@ from typing import TypeVar
 
 import anyio
 
-from ..errors import RequestError
-from ..protocol.heartbeat import Beat, Heartbeat
-from ..protocol.server import HelloReceived, ServerConnection
-from ..transport.outbox import Outbox, TaskStarter
-from ..transport.streams import Transport
-from ..version import __version__
-from .auth import Gate, Peer
-from .grants import Grant
-from .registry import SessionRegistry, shutting_down
+from ...errors import RequestError
+from ...protocol.heartbeat import Beat, Heartbeat
+from ...protocol.server import HelloReceived, ServerConnection
+from ...transport.outbox import Outbox, TaskStarter
+from ...transport.streams import Transport
+from ...version import __version__
+from ..auth import Gate, Peer
+from ..grants import Grant
+from ..registry.registry import SessionRegistry, shutting_down
 
 log = logging.getLogger("ttyserve")
 

@@ -23,10 +23,10 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
-from ..backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
-from ..defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
-from ..errors import ErrorCode, RequestError
-from ..protocol.messages import (
+from ...backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
+from ...defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
+from ...errors import ErrorCode, RequestError
+from ...protocol.messages import (
     OBSERVER,
     STOLEN,
     Attach,
@@ -34,25 +34,25 @@ from ..protocol.messages import (
     SessionInfo,
     members,
 )
-from .grants import Grant, Grants
-from .handing_over import HandingOver
-from .journal import (
+from ..channels.observer import Observer
+from ..grants import Grant, Grants
+from ..journal import (
     Journal,
     Reason,
     SessionDetach,
     SessionEnd,
 )
-from .life import Event
-from .observer import Observer
-from .recording import start_recording
-from .scrollback import OffsetBeyondOutput
-from .session import ServerSession
+from ..sessions.life import Event
+from ..sessions.recording import start_recording
+from ..sessions.scrollback import OffsetBeyondOutput
+from ..sessions.session import ServerSession
+from ..sessions.sinks import Sink
+from ..sessions.typing_first import Typing
+from ..settings import ServerSettings
+from ..tasks import Tasks, open_tasks
+from .handing_over import HandingOver
 from .session_ends import SessionEnds
-from .settings import ServerSettings
 from .sharing import Sharing
-from .sinks import Sink
-from .tasks import Tasks, open_tasks
-from .typing_first import Typing
 
 log = logging.getLogger("ttyserve")
 

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from ..backends.base import ProcessHandle
-from ..backends.local import ChildBackend
-from ..protocol.messages import OBSERVER, WRITER
-from ..version import __version__
-from .grants import Grant, Grants
-from .handover import ExitedProcess, GrantState, SessionState
-from .journal import Journal, Reason, ServerUpgrade
-from .recording import Recording
-from .session import ServerSession
-from .session_handover import adopted_session, session_state
-from .settings import ServerSettings
+from ...backends.base import ProcessHandle
+from ...backends.local import ChildBackend
+from ...protocol.messages import OBSERVER, WRITER
+from ...version import __version__
+from ..grants import Grant, Grants
+from ..handover import ExitedProcess, GrantState, SessionState
+from ..journal import Journal, Reason, ServerUpgrade
+from ..sessions.adoption import adopted_session, session_state
+from ..sessions.recording import Recording
+from ..sessions.session import ServerSession
+from ..settings import ServerSettings
 
 log = logging.getLogger("ttyserve")
 

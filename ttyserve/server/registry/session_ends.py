@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from ..protocol.messages import Exit
-from .attachment import LOST
-from .journal import Journal, Reason, Record, SessionAttach, SessionDetach, SessionEnd
-from .recording import finish_recording
-from .session import ServerSession
-from .settings import ServerSettings
-from .tasks import Tasks
+from ...protocol.messages import Exit
+from ..channels.attachment import LOST
+from ..journal import Journal, Reason, Record, SessionAttach, SessionDetach, SessionEnd
+from ..sessions.recording import finish_recording
+from ..sessions.session import ServerSession
+from ..settings import ServerSettings
+from ..tasks import Tasks
 
 log = logging.getLogger("ttyserve")
 

@@ -17,9 +17,9 @@ from typing import Protocol
 import anyio
 import anyio.lowlevel
 
-from ..backends.base import OutputSource, PipeOutput
-from ..protocol.frames import FrameKind
-from ..transport.readiness import Watch
+from ...backends.base import OutputSource, PipeOutput
+from ...protocol.frames import FrameKind
+from ...transport.readiness import Watch
 
 LAST_DRAIN = 2 << 20  # once the linger ran out, the most still read: what a full pipe (1 MiB,
 # see backends/local.py) holds, with room to spare, however fast a background job writes

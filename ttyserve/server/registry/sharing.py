@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..defaults import DEFAULT_SHARE_TTL
-from ..errors import ErrorCode, RequestError
-from ..protocol.messages import EXPIRED, REVOKED, Share
-from .grants import Grant, Grants
-from .journal import Journal, Record, SessionShare, SessionUnshare
-from .observer import Observer
-from .session import ServerSession
-from .settings import ServerSettings
-from .sinks import Sink
+from ...defaults import DEFAULT_SHARE_TTL
+from ...errors import ErrorCode, RequestError
+from ...protocol.messages import EXPIRED, REVOKED, Share
+from ..channels.observer import Observer
+from ..grants import Grant, Grants
+from ..journal import Journal, Record, SessionShare, SessionUnshare
+from ..sessions.session import ServerSession
+from ..sessions.sinks import Sink
+from ..settings import ServerSettings
 
 log = logging.getLogger("ttyserve")
 

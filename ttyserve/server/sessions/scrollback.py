@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import collections
 
-from ..defaults import OUTPUT_CHUNK
-from ..protocol.frames import FrameKind
+from ...defaults import OUTPUT_CHUNK
+from ...protocol.frames import FrameKind
 
 CHUNK_COST = 64  # bytes a chunk counts beyond its data (the deque entry and the bytes object)
 _COALESCE = 4096  # small chunks of one stream are joined into the last one, up to this

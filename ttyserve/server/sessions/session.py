@@ -21,23 +21,26 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
-from ..backends.base import ProcessHandle, ProcessSpec
-from ..defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
-from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit, Message, Resize, Signal
-from ..protocol.terminal_modes import TerminalModes
-from ..transport.readiness import Watch
-from .journal import Reason, now_rfc3339
+from ...backends.base import ProcessHandle, ProcessSpec
+from ...defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
+from ...protocol.frames import FrameKind
+from ...protocol.messages import Exit, Message, Resize, Signal
+from ...protocol.terminal_modes import TerminalModes
+from ...transport.readiness import Watch
+from ..journal import Reason, now_rfc3339
 from .life import Action, Event, Life, Phase
-from .observer import Observer
 from .pump import OutputPump
 from .scrollback import Scrollback
 from .sinks import Sink, Tap
 from .stdin import StartTask, StdinQueue
 from .typing_first import Typing
+
+if TYPE_CHECKING:  # (a channel that watches: above the session)
+    from ..channels.observer import Observer
 
 Ended = Callable[["ServerSession", Exit | None], None]
 

@@ -11,9 +11,9 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import cast
 
-from ..errors import ErrorCode, RequestError
-from ..protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
-from ..protocol.server import (
+from ...errors import ErrorCode, RequestError
+from ...protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
+from ...protocol.server import (
     AttachRequested,
     CancelRequested,
     DetachRequested,
@@ -24,13 +24,13 @@ from ..protocol.server import (
     ShareRequested,
     UnshareRequested,
 )
-from .attachment import Attachment, ChannelHost
-from .auth import Peer
-from .grants import Grant
-from .journal import SessionAttach, SessionDetach
-from .observer import Observer
-from .registry import SessionRegistry
-from .session import ServerSession
+from ..auth import Peer
+from ..channels.attachment import Attachment, ChannelHost
+from ..channels.observer import Observer
+from ..grants import Grant
+from ..journal import SessionAttach, SessionDetach
+from ..registry.registry import SessionRegistry
+from ..sessions.session import ServerSession
 
 Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 

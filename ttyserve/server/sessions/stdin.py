@@ -19,9 +19,9 @@ from typing import Any
 
 import anyio
 
-from ..backends.base import ProcessHandle
-from ..defaults import STDIN_LIMIT
-from ..protocol.messages import Eof
+from ...backends.base import ProcessHandle
+from ...defaults import STDIN_LIMIT
+from ...protocol.messages import Eof
 
 Consumed = Callable[[int], None]  # input the process took later, for credit: its size
 StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]

@@ -15,14 +15,14 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Protocol
 
-from ..protocol.frames import FrameKind
-from ..protocol.messages import WRITER, Attached, Exit, Offsets, Role
-from ..transport.streams import Buffer
-from .scrollback import Chunk
+from ...protocol.frames import FrameKind
+from ...protocol.messages import WRITER, Attached, Exit, Offsets, Role
+from ...transport.streams import Buffer
+from ..sessions.scrollback import Chunk
 
 if TYPE_CHECKING:
+    from ..sessions.session import ServerSession
     from .observer import Observer
-    from .session import ServerSession
 
 LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
 Chunks = collections.deque[Chunk]  # as the ring keeps them (scrollback.add_chunk)

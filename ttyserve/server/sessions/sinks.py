@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..protocol.frames import FrameKind
-from ..protocol.messages import Exit, Role
-from .handover import RecordingState
+from ...protocol.frames import FrameKind
+from ...protocol.messages import Exit, Role
+from ..handover import RecordingState
 
 
 class Sink(Protocol):

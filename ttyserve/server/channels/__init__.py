@@ -1,0 +1,1 @@
+"""What attaches to a session: the writer's channel, and channels that watch."""

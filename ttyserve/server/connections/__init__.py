@@ -1,0 +1,1 @@
+"""One client connection: its reader and writer, its requests, its hello and heartbeat."""

@@ -1,0 +1,1 @@
+"""The server's sessions: admission, attach and steal, their ends, grants, upgrades."""

@@ -1,0 +1,1 @@
+"""One session: its life as data, its drivers, its output and input, its ring."""
