@@ -17,9 +17,10 @@ import struct
 import termios
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from helpers import ServerProcess, ttyserve_command
+from helpers import ServerProcess, children_of, ttyserve_command
 
 from ttyserve.backends.spawn import Stdio, encode_environment, spawn
 
@@ -87,7 +88,24 @@ def terminal(server_process: ServerProcess) -> Iterator[Terminal]:
         term.close()
 
 
-def test_a_person_at_a_terminal(terminal: Terminal) -> None:
+def in_the_foreground(ancestor: int, program: bytes) -> bool:
+    """Whether a descendant of ``ancestor`` running ``program`` is the foreground job of its
+    terminal (its process group is the terminal's: /proc/PID/stat's pgrp and tpgid)."""
+    pending = children_of(ancestor)
+    while pending:
+        pid = pending.pop()
+        pending += children_of(pid)
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if argv0.endswith(program) and fields[2] == fields[5]:
+            return True
+    return False
+
+
+def test_a_person_at_a_terminal(terminal: Terminal, server_process: ServerProcess) -> None:
     cooked = terminal.settings()
     terminal.expect(re.escape(PROMPT))
     raw = terminal.settings()
@@ -112,6 +130,12 @@ def test_a_person_at_a_terminal(terminal: Terminal) -> None:
 
     terminal.type(b"sleep 30; echo not-interrupted\r")
     terminal.expect(rb"sleep 30; echo not-interrupted\r\n")
+    # The line is echoed before the shell runs it: a Ctrl-C that comes before `sleep` is the
+    # remote terminal's foreground job goes to the shell, which goes on waiting for `sleep`.
+    deadline = time.monotonic() + 10
+    while not in_the_foreground(server_process.pid, b"sleep"):
+        assert time.monotonic() < deadline, "sleep never became the foreground job"
+        time.sleep(0.01)
     started = time.monotonic()
     terminal.type(b"\x03")  # Ctrl-C: a byte for the remote terminal, as with ssh
     terminal.expect(re.escape(PROMPT))
