@@ -12,8 +12,8 @@ import functools
 import logging
 import select
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
@@ -26,12 +26,12 @@ from ...version import __version__
 from ..auth import Gate, Peer
 from ..grants import Grant
 from ..registry.registry import SessionRegistry, shutting_down
+from .requests import Later
 
 log = logging.getLogger("ttyserve")
 
 SERVER_NAME = f"ttyserve/{__version__}"
 T = TypeVar("T")
-Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 
 
 class PeerChecks:
@@ -52,11 +52,9 @@ class PeerChecks:
     _over: bool
     _paused: bool
 
-    def flush(self) -> None:
-        raise NotImplementedError  # (the handler's)
-
-    async def _interruptibly(self, wait: Awaitable[T]) -> T | None:
-        raise NotImplementedError  # (the handler's)
+    if TYPE_CHECKING:  # the handler's own
+        def flush(self) -> None: ...
+        async def _interruptibly(self, wait: Awaitable[T]) -> T | None: ...
 
     def hello_received(self, event: HelloReceived) -> Later | None:
         if delay := self.gate.delay(self.peer):
