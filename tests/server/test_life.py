@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 from server.fakes import Wire, make_session
 
 from ttyserve.protocol.frames import FrameKind, encode_frame
@@ -87,6 +93,19 @@ class SessionLife(RuleBasedStateMachine):
             FrameKind.STDOUT: 0, FrameKind.STDERR: 0}}
         self.exits: list[int] = []  # the channels an exit went to, in order
         self.sent_when_ended: int | None = None  # frames that had gone out by its end
+
+    @initialize(leftovers=st.booleans())
+    def tree(self, leftovers: bool) -> None:
+        """With ``leftovers`` its process leaves something running in its cgroup: settling
+        its tree then waits (`settle`) instead of being done at once."""
+        self.process.settle_nowait = lambda kill: not leftovers  # type: ignore[method-assign]
+
+    @precondition(lambda self: self.session.life.phase is Phase.SETTLING)
+    @rule()
+    def leftovers_gone(self) -> None:
+        """What the process left is killed and gone (the end of `_kill_tree`)."""
+        self.session._act(self.session.life.step(Event.SETTLED))
+        self._collect()
 
     # --- the process and the loop ----------------------------------------------------
 

@@ -10,7 +10,9 @@ from server.fakes import FakeProcess, Wire, controls, make_session, output
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Exit, Resize, Signal
 from ttyserve.server.channels.attachment import Attachment
+from ttyserve.server.channels.observer import Observer
 from ttyserve.server.journal import Reason
+from ttyserve.server.sessions.life import Event, Phase
 from ttyserve.server.sessions.pump import OutputPump, Stall
 from ttyserve.server.sessions.session import ServerSession
 
@@ -223,3 +225,41 @@ def _window(channel: int, size: int) -> bytes:
     from ttyserve.protocol.messages import Window, encode_message
 
     return encode_frame(FrameKind.CTRL_IN, channel, encode_message(Window(bytes=size)))
+
+
+def test_a_session_ended_with_no_status_ends_its_channels_all_the_same() -> None:
+    """A fault in the session's task (the registry's end with no status): its writer gets
+    exit -1 with the reason, its observers how it died if that is known, and it is ended."""
+    session, process = make_session()
+    wire = Wire()
+    writer = wire.opened(session)
+    watcher = wire.open_channel(pty=False)
+    Observer.attach(wire, watcher, session)
+    wire.frames()
+    process.status = Exit(code=-1, signal="KILL")  # (killed on the way)
+    session.ended_without_status()
+    frames = wire.frames()
+    [lost] = controls(frames, writer.channel)
+    assert lost["type"] == "exit" and lost["code"] == -1 and "lost" in str(lost["error"])
+    assert controls(frames, watcher)[-1] == {"type": "exit", "code": -1, "signal": "KILL"}
+    assert session.life.ended and session.sink is None
+
+
+def test_a_cancel_while_its_leftovers_are_killed_ends_it_and_no_exit_follows() -> None:
+    """Forced: the process exited, its output is over, what it left in its cgroup is being
+    killed (settling waits) when a cancel comes. The session is ended; when the leftovers
+    are gone, no exit goes out."""
+    session, process = make_session(detachable=False)
+    wire = Wire()
+    attachment = wire.opened(session)
+    stdout, stderr = started(session)
+    process.settle_nowait = lambda kill: False  # type: ignore[method-assign]
+    session.reaped(Exit(code=0))
+    end_stream(process, stdout)
+    end_stream(process, stderr)
+    assert session.life.phase is Phase.SETTLING
+    wire.frames()
+    session.cancel()
+    assert session.life.ended
+    session._act(session.life.step(Event.SETTLED))  # (the end of `_kill_tree`)
+    assert controls(wire.frames(), attachment.channel) == []

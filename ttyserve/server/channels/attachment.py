@@ -19,12 +19,12 @@ from ...protocol.frames import FrameKind
 from ...protocol.messages import WRITER, Attached, Exit, Offsets, Role
 from ...transport.streams import Buffer
 from ..sessions.scrollback import Chunk
+from ..sessions.sinks import LOST
 
 if TYPE_CHECKING:
     from ..sessions.session import ServerSession
     from .observer import Observer
 
-LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
 Chunks = collections.deque[Chunk]  # as the ring keeps them (scrollback.add_chunk)
 
 

@@ -15,8 +15,7 @@ import anyio
 import anyio.abc
 
 from ...protocol.messages import Exit
-from ..channels.attachment import LOST
-from ..journal import Journal, Reason, Record, SessionAttach, SessionDetach, SessionEnd
+from ..journal import Journal, Record, SessionAttach, SessionDetach, SessionEnd
 from ..sessions.recording import finish_recording
 from ..sessions.session import ServerSession
 from ..settings import ServerSettings
@@ -96,14 +95,8 @@ class SessionEnds:
         if session.fault is not None:
             log.error("session %s failed: %r", session.id, session.fault)
         session.stdin.close()
-        if status is None:  # (a fault in its task: ended all the same)
-            session.life.end(Reason.CANCELLED)
-        if status is None and session.sink is not None:
-            session.sink.lost()  # a fault: the channel ends with exit -1 all the same
-            session.sink = None
-        if status is None:  # ended, not exited: observers learn how it died (they saw it all)
-            for observer in list(session.observers):
-                observer.finish(session.process.status or LOST)
+        if status is None:
+            session.ended_without_status()
 
     def _ended(self, session: ServerSession) -> None:
         session.life.over = True

@@ -35,7 +35,7 @@ from ..journal import Reason, now_rfc3339
 from .life import Action, Event, Life, Phase
 from .pump import OutputPump
 from .scrollback import Scrollback
-from .sinks import Sink, Tap
+from .sinks import LOST, Sink, Tap
 from .stdin import StartTask, StdinQueue
 from .typing_first import Typing
 
@@ -199,6 +199,17 @@ class ServerSession:
         """End the session now: kill and reap its processes, send nothing more."""
         if self.life.end(reason) is Action.KILL:
             self._end_now()
+
+    def ended_without_status(self) -> None:
+        """Its end came from outside (a cancel, a fault): no exit of its own goes out. A
+        writer still attached (a fault) ends with exit -1 all the same; observers learn how
+        it died (they saw it all)."""
+        self.life.end(Reason.CANCELLED)  # (a fault in its task: ended all the same)
+        if self.sink is not None:
+            self.sink.lost()
+            self.sink = None
+        for observer in list(self.observers):
+            observer.finish(self.process.status or LOST)
 
     def _end_now(self) -> None:
         """Cancelled, or a fault: its task's scope is cancelled; a session on callbacks alone

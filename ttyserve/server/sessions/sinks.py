@@ -9,6 +9,8 @@ from ...protocol.frames import FrameKind
 from ...protocol.messages import Exit, Role
 from ..handover import RecordingState
 
+# The exit of a session that ended with no status of its own for a client still attached.
+LOST = Exit(code=-1, error="the server lost this session before it could learn its status")
 
 class Sink(Protocol):
     """Where a session's output goes: the channel it is attached to (attachment.py)."""
