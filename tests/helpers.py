@@ -22,7 +22,7 @@ import anyio.abc
 
 from ttyserve.addresses import Address, parse_address
 from ttyserve.backends.base import Backend
-from ttyserve.client import Connection
+from ttyserve.client import Connection, Session, connect
 from ttyserve.client.dial import open_transport
 from ttyserve.protocol.frames import Frame, FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Message, encode_message, parse_object
@@ -64,6 +64,17 @@ async def running_server(
     finally:
         for lease in leases:
             lease.release()
+
+
+@contextlib.asynccontextmanager
+async def reattached(address: str, script: str, pty: bool = False) -> AsyncIterator[Session]:
+    """A detachable `sh -c script`, detached and its connection closed, then attached again
+    on a new connection: that session, while the new connection lasts."""
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn([SH, "-c", script], pty=pty, detachable=True)
+        await session.detach()
+    async with connect(address, multiplex=True) as conn:
+        yield await conn.attach(session.id or "")
 
 
 # --- raw protocol peers ----------------------------------------------------

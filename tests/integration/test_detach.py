@@ -20,6 +20,7 @@ from helpers import (
     ctrl,
     processes_in_group,
     raw_peer,
+    reattached,
     rss_kib,
     split_output,
     start_server,
@@ -543,17 +544,12 @@ async def test_journal_records_carry_members_with_their_usual_value(
     """A writer's attach and detach say `"role": "writer"`, a contained session's end
     `"oom": false`: a coordinator's `select(.role == "writer")` finds them (contracts.md,
     the journal)."""
-    async with connect(address, multiplex=True) as conn:
-        session = await conn.spawn([SH, "-c", "read line; exit 3"], pty=False,
-                                   detachable=True)
-        await session.detach()
-    async with connect(address, multiplex=True) as conn:
-        again = await conn.attach(session.id or "")
+    async with reattached(address, "read line; exit 3") as again:
         await again.send(b"go\n")
         assert (await again.wait()).code == 3
     server.stop()
     lines = [json.loads(line) for line in (short_dir / "j.jsonl").read_text().splitlines()]
-    ours = [line for line in lines if line.get("id") == session.id]
+    ours = [line for line in lines if line.get("id") == again.id]
     assert [(line["event"], line.get("role")) for line in ours
             if line["event"] in ("session.attach", "session.detach")] == [
         ("session.detach", "writer"), ("session.attach", "writer")]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import SH, running_server, wait_until
+from helpers import SH, reattached, running_server, wait_until
 
 from ttyserve.client import Connection, connect
 from ttyserve.server.listener import Server
@@ -89,12 +89,7 @@ async def test_an_ended_session_and_its_connection_are_freed_without_the_collect
     async with running_server(short_dir / "s.sock", keep_ended=0) as (server, address):
         async def work() -> None:
             if kind == "detach":
-                async with connect(address, multiplex=True) as conn:
-                    session = await conn.spawn([SH, "-c", "read x; exit 4"], pty=False,
-                                               detachable=True)
-                    await session.detach()
-                async with connect(address, multiplex=True) as conn:
-                    again = await conn.attach(session.id or "")
+                async with reattached(address, "read x; exit 4") as again:
                     await again.send(b"go\n")
                     assert (await again.wait()).code == 4
             elif kind == "drop":
