@@ -127,3 +127,11 @@ def test_inside_server_every_import_points_down() -> None:
             if (there := server_layer(target)) is not None and there > here:
                 wrong.append(f"{module} imports {target}")
     assert wrong == []
+
+
+def test_no_module_of_the_server_or_the_client_is_over_500_lines() -> None:
+    """Small modules with one job each (issue 27): past 500 lines a module holds several."""
+    long = {str(path.relative_to(PACKAGE)): lines
+            for path in [*PACKAGE.glob("server/**/*.py"), *PACKAGE.glob("client/**/*.py")]
+            if (lines := len(path.read_text().splitlines())) > 500}
+    assert long == {}

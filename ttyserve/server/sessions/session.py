@@ -3,12 +3,11 @@
 A session belongs to the server's registry, not to a connection: a connection
 attaches a channel to it (its sink), and the session writes its output there.
 Its life (life.py, as data): the process is reaped (its pidfd's readiness), its
-output read to end-of-file or until the linger grace runs out, what it left in
-its cgroup dealt with, and only then is the exit offered, after every output
-frame. Here are its drivers, which feed the life events and carry out the
-actions it answers. Where the loop has readiness callbacks for
-all of it (`start`), that life runs on callbacks alone, with no task; where it
-has not, it runs as one task (`run`). The output is read by the pumps
+output read to end-of-file or until the linger grace runs out, what it left in its
+cgroup dealt with, and only then is the exit offered, after every output frame.
+Here are its drivers, which feed the life events and carry out what it answers:
+the loop's readiness callbacks alone where it has them for all of it (`start`),
+else one task (`run`). The output is read by the pumps
 (pump.py); the input goes through the stdin queue (stdin.py). Ending the
 session (`cancel`, `hang_up`) is the cancel path: the process group is hung
 up, killed after a grace, reaped, and nothing more is sent.
@@ -48,47 +47,14 @@ Ended = Callable[["ServerSession", Exit | None], None]
 class ServerSession:
     """One process the server runs, and what outlives any one connection to it."""
 
-    __slots__ = (
-        "__weakref__",
-        "_ended",
-        "_exit_watch",
-        "_kill_leftovers",
-        "_linger",
-        "_linger_timer",
-        "_open_streams",
-        "_pump_tasks",
-        "_pumps",
-        "_redrawn_at",
-        "_scope",
-        "_settled",
-        "_start_task",
-        "_stderr",
-        "_stderr_watch",
-        "_typed_at",
-        "bytes_in",
-        "bytes_out",
-        "delivered_at",
-        "detached_at",
-        "detached_timeout",
-        "fault",
-        "id",
-        "life",
-        "modes",
-        "observers",
-        "on_delivered",
-        "owner",
-        "peer",
-        "process",
-        "released",
-        "ring",
-        "sink",
-        "size",
-        "spec",
-        "started",
-        "stdin",
-        "taps",
-        "typing",
-    )  # (a dict would be 1.5 KiB of each session's memory)
+    __slots__ = (  # (a dict would be 1.5 KiB of each session's memory)
+        "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_linger",
+        "_linger_timer", "_open_streams", "_pump_tasks", "_pumps", "_redrawn_at", "_scope",
+        "_settled", "_start_task", "_stderr", "_stderr_watch", "_typed_at", "bytes_in",
+        "bytes_out", "delivered_at", "detached_at", "detached_timeout", "fault", "id",
+        "life", "modes", "observers", "on_delivered", "owner", "peer", "process",
+        "released", "ring", "sink", "size", "spec", "started", "stdin", "taps", "typing",
+    )
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
                  peer: str, start_task: StartTask, *, linger: float = DEFAULT_LINGER,
@@ -201,9 +167,8 @@ class ServerSession:
             self._end_now()
 
     def ended_without_status(self) -> None:
-        """Its end came from outside (a cancel, a fault): no exit of its own goes out. A
-        writer still attached (a fault) ends with exit -1 all the same; observers learn how
-        it died (they saw it all)."""
+        """Ended from outside (a cancel, a fault): no exit of its own. A writer still attached
+        ends with exit -1 all the same; observers learn how it died (they saw it all)."""
         self.life.end(Reason.CANCELLED)  # (a fault in its task: ended all the same)
         if self.sink is not None:
             self.sink.lost()
