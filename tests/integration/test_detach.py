@@ -477,8 +477,7 @@ async def test_input_the_server_took_reaches_the_process_after_its_writer_left(
         if leaving == "detach":
             await session.detach()
             with pytest.raises(SessionDetached):
-                async for _ in session:
-                    pass
+                await session.wait()  # (its channel ends with `detached`)
     await until_listed(address, lambda s: bool(s) and not s[0].attached)
 
     def open_the_gate() -> None:
@@ -519,8 +518,7 @@ async def test_writers_that_come_and_go_cannot_grow_a_sessions_queued_input_with
                 await writer.detach()
                 with anyio.move_on_after(2):  # (the one that waits is released below)
                     with pytest.raises(SessionDetached):
-                        async for _ in writer:
-                            pass
+                        await writer.wait()  # (its channel ends with `detached`)
                     writers += 1
                     continue
                 break
