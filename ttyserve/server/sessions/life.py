@@ -129,9 +129,9 @@ class Life:
 
     @property
     def settled(self) -> bool:
-        """Reaped, its output over and its tree dealt with: nothing more is read."""
-        return self.phase in (Phase.EXITED, Phase.DELIVERED) or (
-            self.phase is not Phase.ENDING and self.final is not None)
+        """Reaped, its output over and its tree dealt with: nothing more is read, the exit
+        may go (or went)."""
+        return self.phase in (Phase.EXITED, Phase.DELIVERED, Phase.GONE)
 
     def end_reason(self, status: Exit | None) -> Reason:
         """The journal's `reason` for an end with ``status`` (None: it was ended, so it

@@ -392,7 +392,7 @@ class ServerSession:
         """Whether the process was reaped, every stream reached its end (or was cut short by
         the linger) and what the process left running in its cgroup is dealt with: nothing
         more is read, the exit may go."""
-        return self.life.phase in (Phase.EXITED, Phase.DELIVERED, Phase.GONE)
+        return self.life.settled
 
     def _settle_tree(self) -> None:
         """Once the output is over: kill what the process left running (--leftovers kill, or
