@@ -11,7 +11,7 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import msgspec
@@ -26,8 +26,10 @@ from ..server.auth import stdio_peer
 from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
 from ..server.listener import Server
+from ..server.mesh import WORKER_ENV, Mesh, WorkerSpec
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
+from ..server.supervisor import READY, REFUSED, UPGRADED, Supervisor, report
 from ..server.upgrade import (
     HELD_SIGNALS,
     Handover,
@@ -146,17 +148,16 @@ def listen_addresses(config: ServerSettings) -> list[Address]:
     return addresses
 
 
-def _checked(config: ServerSettings, handed: HandoverState | None,
+def _checked(config: ServerSettings, made: str | None,
              ) -> tuple[list[Address], str | None, str | None, ssl.SSLContext | None]:
     """What the configuration asks for, checked: the addresses, the token (and whether this
-    server made it), the TLS context. Raises UsageError, AddressError, ConfigError or
-    ValueError."""
+    server made it: ``made``, one made before, or a fresh one), the TLS context. Raises
+    UsageError, AddressError, ConfigError or ValueError."""
     addresses = listen_addresses(config)
     token = None if config.stdio else read_token(config.token_file)
     generated: str | None = None
     if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
-        token = generated = (handed.token if handed is not None and handed.token
-                             else secrets.token_urlsafe(32))
+        token = generated = made or secrets.token_urlsafe(32)
     check_exposure(addresses, token, config)
     return addresses, token, generated, server_tls(config, addresses)
 
@@ -184,10 +185,16 @@ def _bind(addresses: list[Address], leases: list[SocketLease], *, upgraded: bool
     return bound
 
 
-def _journal(config: ServerSettings, handed: HandoverState | None) -> Journal | None:
+def _journal(config: ServerSettings, handed: HandoverState | None,
+             spec: WorkerSpec | None) -> Journal | None:
     """The journal: after an upgrade, the one handed over (no recovery: nothing crashed; and
     kept whatever the configuration now says, since the sessions kept have their start
-    records there), else the configured one, opened and recovered."""
+    records there); a worker's, its supervisor's; else the configured one, opened and
+    recovered."""
+    if spec is not None and handed is None:
+        if spec.journal_fd is None or spec.journal_path is None:
+            return None
+        return Journal.adopted(spec.journal_fd, spec.journal_path)
     if handed is not None and handed.journal_fd is not None:
         assert handed.journal_path is not None
         if config.journal is None or (
@@ -202,12 +209,16 @@ def _journal(config: ServerSettings, handed: HandoverState | None) -> Journal | 
     return journal
 
 
-def _contained(config: ServerSettings, handed: HandoverState | None) -> Containment | None:
+def _contained(config: ServerSettings, handed: HandoverState | None,
+               spec: WorkerSpec | None) -> Containment | None:
     """The containment: after an upgrade, the one handed over (its directory holds the
-    sessions kept), else `contain`'s. Raises ConfigError, but not after an upgrade: the
-    sessions kept matter more than containing new ones."""
+    sessions kept); a worker's, in its supervisor's directory; else `contain`'s. Raises
+    ConfigError, but not after an upgrade: the sessions kept matter more than containing
+    new ones."""
     if handed is not None and handed.containment is not None:
         return restored_containment(handed.containment)
+    if spec is not None:
+        config = msgspec.structs.replace(config, cgroup=spec.containment_base or "off")
     try:
         return contain(config)
     except ConfigError as exc:
@@ -217,11 +228,37 @@ def _contained(config: ServerSettings, handed: HandoverState | None) -> Containm
         return None
 
 
-async def _serve(config: ServerSettings, handed: HandoverState | None = None) -> int:
+def _worker_listeners(spec: WorkerSpec, handed: HandoverState | None,
+                      addresses: list[Address], leases: list[SocketLease],
+                      ) -> tuple[list[tuple[Address, Address, socket.socket]], Address]:
+    """A worker's listeners: its supervisor's (or, after an upgrade, those handed over),
+    and its own link listener, the last."""
+    link = Address("unix", path=os.path.join(spec.link_dir, f"w{spec.slot}.sock"))
+    for fd in (spec.control_fd, spec.census_fd):
+        os.set_inheritable(fd, False)
+    if handed is not None:
+        listeners, leases[:], unbound = adopted_listeners(handed, [*addresses, link])
+        listeners += _bind(unbound, leases, upgraded=True)
+        listeners.sort(key=lambda kept: kept[0] == link)
+        return listeners, listeners[-1][1]
+    listeners = []
+    for state in spec.listeners:
+        sock = socket.socket(fileno=state.fd)
+        os.set_inheritable(state.fd, False)
+        sock.setblocking(False)
+        listeners.append((parse_address(state.requested), parse_address(state.address), sock))
+    listeners += _bind([link], leases)
+    return listeners, listeners[-1][1]
+
+
+async def _serve(config: ServerSettings, handed: HandoverState | None = None,
+                 spec: WorkerSpec | None = None) -> int:
     """Serve ``config`` (what flags, environment and file said), going on with what an
-    upgrade handed over if anything was; the server's exit code."""
+    upgrade handed over if anything was; as a worker where ``spec`` says; the server's exit
+    code."""
     try:
-        addresses, token, generated, tls = _checked(config, handed)
+        addresses, token, generated, tls = _checked(
+            config, handed.token if handed is not None else spec.token if spec else None)
         settings = msgspec.structs.replace(config, token=token)
     except UsageError as exc:
         log.error("%s", exc)
@@ -233,15 +270,19 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
     journal: Journal | None = None
     containment: Containment | None = None
     listeners: list[tuple[Address, Address, socket.socket]] = []
+    link: Address | None = None
     with anyio.open_signal_receiver(*HELD_SIGNALS) as signals:
         if handed is not None:  # (held across the upgrade's execve: the mask there was)
             signal.pthread_sigmask(signal.SIG_SETMASK, handed.blocked)
         try:
-            journal = _journal(config, handed)
+            journal = _journal(config, handed, spec)
             unbound = addresses
-            if handed is not None:
+            if spec is not None:
+                listeners, link = _worker_listeners(spec, handed, addresses, leases)
+                unbound = []
+            elif handed is not None:
                 listeners, leases, unbound = adopted_listeners(handed, addresses)
-            containment = _contained(config, handed)
+            containment = _contained(config, handed, spec)
             listeners += _bind(unbound, leases, upgraded=handed is not None)
         except (LeaseError, ListenError, OSError, ConfigError) as exc:
             for _, _, sock in listeners:
@@ -249,43 +290,73 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None) ->
             with _held(leases, journal, containment):
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
-        backend = make_backend(settings.spawn, settings.default_cwd, containment)
-        server = Server(settings, backend, journal=journal, tls=tls)
-        handover = Handover(listeners, leases, journal, containment, generated, server.registry)
-        quiet_collector()
+        if spec is None and handed is None and config.worker_count > 1:
+            with _held(leases, journal, containment):
+                try:
+                    return await Supervisor(config.worker_count, listeners, journal,
+                                            containment, generated).run(
+                        signals, announcer(generated))
+                finally:
+                    for _, bound, _ in listeners:
+                        remove_socket_file(bound)
+        return await _run(config, settings, signals, handed, spec, tls, generated, listeners,
+                          link, leases, journal, containment)
 
-        async def upgrade() -> None:
-            if config.stdio:
-                log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
-                            "connection is the server's life)")
-            elif not server.upgrading and not server.stopping and await handover.dry_run():
-                log.info("upgrading from %s", __version__)
-                server.upgrade(lambda: handover.execute(backend))
 
-        async def watch_signals() -> None:
-            async with anyio.create_task_group() as upgrades:
-                async for signum in signals:
-                    if signum == signal.SIGUSR2:
-                        upgrades.start_soon(upgrade)
-                    elif not server.stopping:
-                        log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                        server.shutdown()
-                    else:
-                        log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
-                        server.force()
+async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncIterator[int],
+               handed: HandoverState | None, spec: WorkerSpec | None,
+               tls: ssl.SSLContext | None, generated: str | None,
+               listeners: list[tuple[Address, Address, socket.socket]], link: Address | None,
+               leases: list[SocketLease], journal: Journal | None,
+               containment: Containment | None) -> int:
+    """Serve in this process (one of `--workers 1`, or a worker of many)."""
+    backend = make_backend(settings.spawn, settings.default_cwd, containment)
+    server = Server(settings, backend, journal=journal, tls=tls,
+                    mesh=Mesh(spec) if spec is not None else None, link=link)
+    handover = Handover(listeners, leases, journal, containment, generated, server.registry,
+                        keep=[spec.control_fd, spec.census_fd] if spec is not None else [])
+    announce = announcer(generated) if handed is None else None
+    if spec is not None:
+        control = spec.control_fd
+        server.registry.on_upgraded = lambda version, kept: report(
+            control, UPGRADED, sessions=kept, from_version=version, to_version=__version__)
+        announce = (lambda _: report(control, READY)) if handed is None else None
+    quiet_collector()
 
-        with _held(leases, journal, containment):
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(watch_signals)
-                    only = (stdio_transport(), stdio_peer()) if config.stdio else None
-                    drained = await server.serve(
-                        [(bound, sock) for _, bound, sock in listeners],
-                        announcer(generated) if handed is None else None, only=only,
-                        adopt=handed)
-                    tg.cancel_scope.cancel()
-            finally:
-                for _, bound, _ in listeners:
+    async def upgrade() -> None:
+        if config.stdio:
+            log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
+                        "connection is the server's life)")
+        elif not server.upgrading and not server.stopping and await handover.dry_run():
+            log.info("upgrading from %s", __version__)
+            server.upgrade(lambda: handover.execute(backend))
+        elif spec is not None:
+            report(spec.control_fd, REFUSED)
+
+    async def watch_signals() -> None:
+        async with anyio.create_task_group() as upgrades:
+            async for signum in signals:
+                if signum == signal.SIGUSR2:
+                    upgrades.start_soon(upgrade)
+                elif not server.stopping:
+                    log.info("%s: shutting down gracefully", signal.Signals(signum).name)
+                    server.shutdown()
+                else:
+                    log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
+                    server.force()
+
+    with _held(leases, journal, containment):
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_signals)
+                only = (stdio_transport(), stdio_peer()) if config.stdio else None
+                drained = await server.serve(
+                    [(bound, sock) for _, bound, sock in listeners], announce, only=only,
+                    adopt=handed)
+                tg.cancel_scope.cancel()
+        finally:
+            for _, bound, _ in listeners:
+                if spec is None or bound == link:  # (the supervisor's are its to remove)
                     remove_socket_file(bound)
     return ServeExit.OK if drained else ServeExit.ERROR
 
@@ -313,7 +384,17 @@ def serve_main(config: ServerSettings) -> int:
     except UnreadableState as exc:  # the dry run read the same: only a new bug gets here
         log.error("upgrade: %s", exc)
         return ServeExit.ERROR
-    return anyio.run(_serve, config, handed)
+    spec = worker_spec()
+    if spec is not None:  # (its own stderr lines say which worker wrote them)
+        logging.getLogger().handlers[0].setFormatter(
+            logging.Formatter(f"ttyserve[worker {spec.slot}]: %(message)s"))
+    return anyio.run(_serve, config, handed, spec)
+
+
+def worker_spec() -> WorkerSpec | None:
+    """This process's place as a worker of a supervisor (WORKER_ENV), if it is one."""
+    text = os.environ.get(WORKER_ENV)
+    return None if not text else msgspec.json.decode(text, type=WorkerSpec)
 
 
 def _dry_run(config: ServerSettings) -> int:

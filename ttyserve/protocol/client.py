@@ -129,9 +129,10 @@ class PingReceived(msgspec.Struct, frozen=True):
 
 
 class StdinCreditGranted(msgspec.Struct, frozen=True):
-    """The server granted more STDIN credit on ``channel``."""
+    """The server granted ``bytes`` more STDIN credit on ``channel``."""
 
     channel: int
+    bytes: int = 0
 
 
 ClientEvent = (
@@ -352,7 +353,7 @@ class ClientConnection:
         if isinstance(message, Window):
             if record.stdin is not None:
                 record.stdin.add(message.bytes)
-            return StdinCreditGranted(channel)
+            return StdinCreditGranted(channel, message.bytes)
         if isinstance(message, Skipped | Audience):
             if record.state is not ChannelState.OPEN:
                 raise RemoteProtocolError(f"{msg_type!r} on channel {channel} before 'attached'")

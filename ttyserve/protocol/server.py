@@ -123,9 +123,11 @@ class ControlReceived(msgspec.Struct, frozen=True):
 
 
 class CreditGranted(msgspec.Struct, frozen=True):
-    """A `window` added output credit to a live channel: waiting output may go on."""
+    """A `window` added ``bytes`` of output credit to a live channel: waiting output may go
+    on."""
 
     channel: int
+    bytes: int = 0
 
 
 class ReleaseRequested(msgspec.Struct, frozen=True):
@@ -355,7 +357,7 @@ class ServerConnection:
             if credit is None:
                 return None  # no windows on this connection: nothing to add to
             credit.add(message.bytes)
-            return CreditGranted(channel)
+            return CreditGranted(channel, message.bytes)
         if isinstance(message, _CHANNEL_0_TYPES):
             self._frame_error(channel, RequestError(ErrorCode.BAD_REQUEST,
                                                     f"{msg_type!r} goes on channel 0"))

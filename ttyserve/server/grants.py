@@ -59,8 +59,9 @@ def _digest(grant: str) -> bytes:
 class Grants:
     """The open grants of one server."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self._by_id: dict[str, Grant] = {}
+        self._prefix = _PREFIX + prefix  # with workers: the worker's slot (mesh.py)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -71,7 +72,7 @@ class Grants:
     def make(self, session: str, role: Role, ttl: float, owner: str) -> tuple[str, Grant]:
         """A new grant for ``session``: the secret (handed out once, never kept) and its
         record."""
-        secret = _PREFIX + secrets.token_urlsafe(GRANT_BYTES)
+        secret = self._prefix + secrets.token_urlsafe(GRANT_BYTES)
         grant = Grant(id=public_id(secret), digest=_digest(secret), session=session, role=role,
                       owner=owner, expires=time.time() + ttl)
         self._by_id[grant.id] = grant

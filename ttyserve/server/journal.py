@@ -274,6 +274,24 @@ class Journal:
     def _append_now(self, record: Record | ServerUpgrade) -> None:
         self._write(_encoder.encode(record) + b"\n")
 
+    write_now = _append_now  # (on the loop: for the rare record of a process with no other)
+
+    def crashed(self, prefix: str, contained: bool) -> list[int]:
+        """A worker of this server died (`serve --workers`): a `crash-inferred` end for each
+        start of its sessions (ids beginning with ``prefix``) that has none, written now;
+        the process groups of those not ``contained`` (their cgroups killed) that are
+        still theirs, to hang up."""
+        survivors = []
+        for start in open_sessions(parse(self._read_all()).records):
+            if not start.id.startswith(prefix):
+                continue
+            if not contained and start.pid is not None and start.pid > 0 and (
+                    _still_ours(start.pid, start.start_time)):
+                survivors.append(start.pid)
+            self._append_now(SessionEnd(id=start.id, at=now_rfc3339(),
+                                        reason=Reason.CRASH_INFERRED))
+        return survivors
+
     def recover(self, grace: float = 1.0) -> list[SessionEnd]:
         """Close what a crashed server left open; return the `crash-inferred` ends written."""
         parsed = parse(self._read_all())
@@ -296,7 +314,7 @@ class Journal:
             log.warning("journal %s: %d session(s) ended by a crash; hanging up %d survivor(s)"
                         " and killing %d cgroup(s)", self.path, len(ends), len(survivors),
                         len(cgroups))
-        _hang_up_survivors(survivors, grace)
+        hang_up_survivors(survivors, grace)
         _kill_cgroups(cgroups, grace)
         return ends
 
@@ -359,7 +377,7 @@ def _kill_cgroups(directories: list[str], grace: float) -> None:
         remove_tree(directory)
 
 
-def _hang_up_survivors(groups: list[int], grace: float) -> None:
+def hang_up_survivors(groups: list[int], grace: float) -> None:
     """SIGHUP the process groups of crashed sessions, SIGKILL what is left after ``grace``."""
     for group in groups:
         signal_group(group, signal.SIGHUP)

@@ -36,6 +36,7 @@ from .auth import Gate, Peer, peer_of
 from .connections.handler import ConnectionHandler
 from .handover import HandoverState
 from .journal import Journal
+from .mesh import LINK_HELLO_LIMIT, Mesh
 from .registry.registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
@@ -67,10 +68,15 @@ class Server:
 
     def __init__(self, settings: ServerSettings, backend: Backend | None = None,
                  reap_orphans: bool = True, *, journal: Journal | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, mesh: Mesh | None = None,
+                 link: Address | None = None) -> None:
+        """``mesh``: a worker of `serve --workers N`, whose listener ``link`` takes the
+        links of the other workers."""
         self.settings = settings
         self.registry = SessionRegistry(
-            settings, backend or LocalBackend(settings.default_cwd), journal)
+            settings, backend or LocalBackend(settings.default_cwd), journal, mesh)
+        self.mesh = mesh
+        self.link = link
         self.gate = Gate(settings.access)
         self.handlers: set[ConnectionHandler] = set()
         self.reap_orphans = reap_orphans
@@ -270,12 +276,15 @@ class Server:
                 await anyio.sleep(_ACCEPT_RETRY)
 
     async def _serve_connection(self, sock: socket.socket, listener: Address) -> None:
+        if listener is self.link:
+            await self._serve_link(sock)
+            return
         try:
             peer = peer_of(sock, listener.scheme)
         except OSError:
             sock.close()
             return
-        self._connections += 1  # counted from accept: TLS and HTTP handshakes take a slot too
+        self._count_connections(+1)  # from accept: TLS and HTTP handshakes take a slot too
         try:
             transport = await self._open_transport(sock, listener, peer)
             if transport is not None:
@@ -283,13 +292,41 @@ class Server:
         except Exception:  # one connection's bug must not take the server down
             log.exception("connection %s failed", peer)
         finally:
-            self._connections -= 1
+            self._count_connections(-1)
 
-    async def _handle(self, transport: Transport, peer: Peer) -> None:
+    def _count_connections(self, change: int) -> None:
+        self._connections += change
+        if self.mesh is not None:
+            self.mesh.census.publish(self.mesh.census.CONNECTIONS, self._connections)
+
+    def _open_connections(self) -> int:
+        """Connections open now, in the whole server (this one's, with workers)."""
+        if self.mesh is None:
+            return self._connections
+        census = self.mesh.census
+        return census.total(census.CONNECTIONS, self._connections)
+
+    async def _serve_link(self, sock: socket.socket) -> None:
+        """A link from another worker: its LinkHello, then the client's connection mirrored
+        (hop.py). It is not the client's connection: not counted against the limit."""
+        assert self.mesh is not None
+        sock.setblocking(False)
+        hello = None
+        with anyio.move_on_after(self.settings.handshake_timeout):
+            hello = self.mesh.admit_link(await _receive_exactly(sock, 4, LINK_HELLO_LIMIT))
+        if hello is None:
+            log.warning("a link came without this server's secret: closed")
+            sock.close()
+            return
+        await self._handle(SocketTransport(sock), hello.peer, hello.principal)
+
+    async def _handle(self, transport: Transport, peer: Peer,
+                      linked: str | bool | None = False) -> None:
         try:
             assert self._connection_tasks is not None
             handler = ConnectionHandler(transport, peer, self.registry, self.gate,
-                                        self._connection_tasks, self._handler_closed)
+                                        self._connection_tasks, self._handler_closed,
+                                        linked)
             self.handlers.add(handler)
             await handler.run()
         except Exception:  # one connection's bug must not take the server down
@@ -308,8 +345,8 @@ class Server:
         listeners) it only asked for the page. Everything before the protocol starts is
         bounded by the handshake deadline."""
         limit = self.settings.max_connections
-        if self._connections > limit:
-            log.warning("%s: refused: %d connections open", peer, self._connections - 1)
+        if (open_now := self._open_connections()) > limit:
+            log.warning("%s: refused: %d connections open", peer, open_now - 1)
             if listener.scheme in ("unix", "tcp"):
                 await refuse_busy(SocketTransport(sock), limit)
             else:  # a frame would be garbage to TLS or HTTP: the connection is closed
@@ -364,6 +401,30 @@ class Server:
             self._web = FrontDoor(self.settings.allowed_origins,
                                   max_frame=self.settings.max_frame)
         return self._web
+
+
+async def _receive_exactly(sock: socket.socket, head: int, limit: int) -> bytes:
+    """A length-prefixed message (``head`` bytes of length), read to its last byte and no
+    further; b"" when the peer closed or the length is over ``limit``."""
+    size = int.from_bytes(await _receive(sock, head) or b"\xff" * head, "big")
+    return b"" if size > limit else await _receive(sock, size)
+
+
+async def _receive(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes of ``sock``; b"" when it closed first."""
+    data = b""
+    while len(data) < size:
+        await anyio.wait_readable(sock)
+        try:
+            chunk = sock.recv(size - len(data))
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
+        if not chunk:
+            return b""
+        data += chunk
+    return data
 
 
 async def refuse_busy(transport: Transport, limit: int) -> None:

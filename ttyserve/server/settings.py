@@ -153,6 +153,10 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     upgrade_drain: Annotated[float, option(
         "at an upgrade in place (SIGUSR2), seconds the sessions that cannot be reattached may "
         "end by themselves before they are hung up", "S", ge=0)] = DEFAULT_UPGRADE_DRAIN
+    workers: Annotated[str, option(
+        "worker processes under one supervisor: N, or auto (one per CPU the server may run "
+        "on); 1 is a single process. serve --stdio is always one", "N|auto",
+        pattern=r"^(auto|[1-9][0-9]{0,3})$")] = "auto"
     spawn: Annotated[BackendKind, option(
         "how processes start: posix_spawn (the fast path, glibc 2.29+ on Linux), portable "
         "(ptyprocess and subprocess, any POSIX system) or auto", "KIND")] = "auto"
@@ -220,6 +224,17 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """What each session's cgroup may use."""
         return Limits(self.session_memory_max or None, self.session_pids_max or None,
                       self.session_cpu_max or None)
+
+    @property
+    def worker_count(self) -> int:
+        """How many worker processes serve: 1 with --stdio; `auto` is one per CPU this
+        process may run on."""
+        if self.stdio:
+            return 1
+        if self.workers == "auto":
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+                os.cpu_count() or 1)
+        return int(self.workers)
 
     @property
     def keeps_detached(self) -> bool:

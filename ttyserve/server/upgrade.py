@@ -65,8 +65,10 @@ class Handover:
     def __init__(self, listeners: list[tuple[Address, Address, socket.socket]],
                  leases: list[SocketLease], journal: Journal | None,
                  containment: Containment | None, token: str | None,
-                 registry: SessionRegistry) -> None:
+                 registry: SessionRegistry, keep: list[int] | None = None) -> None:
+        """``keep``: more descriptors the new code finds where they are (a worker's)."""
         self.listeners = listeners  # (as configured, as bound, the socket)
+        self.keep = keep or []
         self.leases = leases
         self.journal = journal
         self.containment = containment
@@ -145,7 +147,7 @@ class Handover:
             return
         handed = self.registry.handover()  # the same sessions (nothing ran since): the new
         assert len(handed) == len(state.sessions)  # code's from now on
-        descriptors = [*state.descriptors(), fd]
+        descriptors = [*state.descriptors(), *self.keep, fd]
         for kept in descriptors:
             os.set_inheritable(kept, True)
         sys.stdout.flush()

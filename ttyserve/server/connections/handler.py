@@ -68,7 +68,8 @@ from ..channels.observer import Observer
 from ..grants import Grant
 from ..registry.registry import SessionRegistry, restarting, shutting_down
 from .peer_checks import PeerChecks
-from .requests import Later, SessionRequests
+from .requests import SessionRequests
+from .waits import Later
 
 log = logging.getLogger("ttyserve")
 
@@ -85,7 +86,10 @@ class ConnectionHandler(SessionRequests, PeerChecks):
 
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
                  tasks: TaskStarter,
-                 on_closed: Callable[[ConnectionHandler], None] | None = None) -> None:
+                 on_closed: Callable[[ConnectionHandler], None] | None = None,
+                 linked: str | bool | None = False) -> None:
+        """``linked``: a link from another worker, which admitted the client as this
+        principal (None: its `hello` carries a grant to check here)."""
         settings = registry.settings
         self.transport = transport
         # A socket, pipe or plain WebSocket is read from the loop's readiness callback
@@ -118,6 +122,8 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self.grant: Grant | None = None  # what admitted it instead of the token (section 11)
         self._draining = False
+        if linked is not False:
+            self.link, self._linked = True, linked  # type: ignore[assignment]
         self._later: Later | None = None  # what the readiness callback left the reader task
         self._unflushed = 0  # output framed by `send_output_soon` and not handed on yet
         self._flush_soon = False  # a flush at the end of this turn of the loop is due
@@ -150,6 +156,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
                 self._beat_scope.cancel()
             for attachment in list(self.attachments.values()):
                 self._leave(attachment)  # cancelled (a forced shutdown): as the client left
+            self.close_hops()
             self.outbox.close()
             await self.transport.aclose()
             self.outbox.release()
@@ -159,7 +166,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
     def begin_shutdown(self) -> None:
         """Graceful shutdown (the registry hung the sessions up): close once none is left."""
         self._draining = True
-        if not self.attachments:
+        if not self.attachments and not self.remote:
             self.core.close(shutting_down() if self.core.hello is not None else None)
             self._stop_reading()
 
@@ -218,6 +225,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         self.core.close()
         for attachment in list(self.attachments.values()):
             self._leave(attachment)
+        self.close_hops()
         self.flush()
 
     async def _interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
@@ -319,11 +327,15 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         else:
             framed = self.core.send_detached(channel, last)
         self.flush()
+        self._channel_over()
+        return framed
+
+    def _channel_over(self) -> None:
+        """A channel ended: the connection closes when that was what it waited for."""
         if self._restarting and not self._ending_sessions():
             self.core.close(restarting())  # (a no-op when the core closed with it already)
-        if self.core.closing or (self._draining and not self.attachments):
+        if self.core.closing or (self._draining and not self.attachments and not self.remote):
             self._stop_reading()  # the reader closes the connection
-        return framed
 
     def _room(self) -> None:
         """The send queue has room again: replays and pumps that waited for it go on."""
@@ -431,6 +443,8 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         return act(self, event) if act is not None else None
 
     def _stdin(self, event: StdinReceived) -> Later | None:
+        if (hop := self.hop_for(event.channel)) is not None:
+            return self.remote_stdin(hop, event.channel, event.data)
         attachment = self.attachments.get(event.channel)
         if attachment is not None:
             session = attachment.session
@@ -441,11 +455,17 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         return None
 
     def _credit(self, event: CreditGranted) -> None:
+        if (hop := self.hop_for(event.channel)) is not None:
+            hop.window(event.channel, event.bytes)
+            return
         attachment = self.attachments.get(event.channel)
         if attachment is not None:
             attachment.resume()
 
     def _control(self, event: ControlReceived) -> None:
+        if (hop := self.hop_for(event.channel)) is not None:
+            self.remote_control(hop, event.channel, event.message)
+            return
         attachment = self.attachments.get(event.channel)
         if attachment is not None:
             if isinstance(event.message, Eof):

@@ -26,7 +26,7 @@ from ...version import __version__
 from ..auth import Gate, Peer
 from ..grants import Grant
 from ..registry.registry import SessionRegistry, shutting_down
-from .requests import Later
+from .waits import Later
 
 log = logging.getLogger("ttyserve")
 
@@ -51,13 +51,19 @@ class PeerChecks:
     _beat_scope: anyio.CancelScope | None
     _over: bool
     _paused: bool
+    _linked: str | None = None  # a link from another worker: whom it admitted the client as
+    link = False  # a link from another worker (mesh.py): it throttled the client already
 
     if TYPE_CHECKING:  # the handler's own
         def flush(self) -> None: ...
+        def remote_hello(self, grant: str, slot: int) -> Later: ...
         async def _interruptibly(self, wait: Awaitable[T]) -> T | None: ...
 
     def hello_received(self, event: HelloReceived) -> Later | None:
-        if delay := self.gate.delay(self.peer):
+        grant, mesh = event.hello.grant, self.registry.mesh
+        if grant is not None and mesh is not None and (slot := mesh.elsewhere(grant)) is not None:
+            return self.remote_hello(grant, slot)  # the worker that made it admits it
+        if not self.link and (delay := self.gate.delay(self.peer)):
             return functools.partial(self._hello, event, delay)
         self._answer_hello(event)
         return None
@@ -74,6 +80,8 @@ class PeerChecks:
                 self.grant = self.gate.admit_grant(self.peer, event.hello.grant,
                                                    self.registry.grants)
                 self.principal = self.grant.owner
+            elif self._linked is not None:
+                self.principal = self._linked
             else:
                 self.principal = self.gate.admit(self.peer, event.hello.token)
         except RequestError as exc:

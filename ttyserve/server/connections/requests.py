@@ -8,7 +8,6 @@ own, which reads and changes the handler's channel table and answers through its
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 from typing import cast
 
 from ...errors import ErrorCode, RequestError
@@ -31,11 +30,11 @@ from ..grants import Grant
 from ..journal import SessionAttach, SessionDetach
 from ..registry.registry import SessionRegistry
 from ..sessions.session import ServerSession
+from .remote import RemoteRequests
+from .waits import Later
 
-Later = Callable[[], Awaitable[object]]  # the part of an event that has to wait
 
-
-class SessionRequests:
+class SessionRequests(RemoteRequests):
     """The handler's answers to what its client asks of sessions."""
 
     core: ServerConnection
@@ -50,17 +49,25 @@ class SessionRequests:
 
     def cancel_requested(self, event: CancelRequested) -> None:
         """The core has ended the channel: its session is cancelled."""
+        self.remote_cancel(event.channel)
         attachment = self.attachments.pop(event.channel, None)
         if attachment is not None:
             attachment.leave()
             attachment.session.cancel()
 
-    def release_requested(self, event: ReleaseRequested) -> None:
+    def release_requested(self, event: ReleaseRequested) -> Later | None:
+        if (slot := self.elsewhere(event.session)) is not None:
+            return self.remote_release(event.session, slot)
         if self.grant is None or self.registry.grants.live(self.grant):
             self.registry.release(event.session, self.principal)
+        return None
 
-    def list_requested(self, event: ListRequested) -> None:
-        self.core.answer(Sessions(sessions=self.registry.listing(self.principal)))
+    def list_requested(self, event: ListRequested) -> Later | None:
+        here = self.registry.listing(self.principal)
+        if self.mesh is not None and self.mesh.workers > 1:
+            return self.remote_list(here)
+        self.core.answer(Sessions(sessions=here))
+        return None
 
     def _open_now(self, event: OpenRequested) -> bool:
         """Answer an `open` that needs no waiting (no journal to write first); False when it
@@ -98,16 +105,18 @@ class SessionRequests:
             attachment.released = True
             session.cancel()
 
-    def attach_requested(self, event: AttachRequested) -> None:
+    def attach_requested(self, event: AttachRequested) -> Later | None:
         """Take over a detachable session, or watch it (section 11): `attached`, its
-        scrollback, then live output."""
+        scrollback, then live output; over a hop where it lives in another worker."""
         request, channel = event.request, event.channel
+        if (slot := self.elsewhere(request.session)) is not None:
+            return self.remote_attach(channel, request, slot)
         try:
             session = self.registry.attach(request, self.principal, len(self.attachments),
                                            self.grant)
         except RequestError as exc:
             self.core.refuse(channel, exc)
-            return
+            return None
         grant = self.grant.id if self.grant is not None else None
         if request.role == OBSERVER:  # its size is not the terminal's
             Observer.attach(cast(ChannelHost, self), channel, session, request.offsets, grant)
@@ -119,27 +128,41 @@ class SessionRequests:
                               grant)
         self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
                                 grant=grant)
+        return None
 
-    def share_requested(self, event: ShareRequested) -> None:
+    def share_requested(self, event: ShareRequested) -> Later | None:
+        if (slot := self.elsewhere(event.request.session)) is not None:
+            return self.remote_share(event.request, slot)
         try:
             secret, grant = self.registry.share(event.request, self.principal, str(self.peer))
         except RequestError as exc:
             self.core.refuse_request(exc)
-            return
+            return None
         self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
                                 expires=grant.expires_at, id=grant.id))
+        return None
 
-    def unshare_requested(self, event: UnshareRequested) -> None:
+    def unshare_requested(self, event: UnshareRequested) -> Later | None:
+        name, mesh = event.request.grant, self.mesh
+        elsewhere = [] if mesh is None else (
+            [slot] if (slot := mesh.owner(name)) is not None else mesh.others())
+        if mesh is not None and mesh.slot in elsewhere:
+            elsewhere = []
         try:
-            grant, channels = self.registry.unshare(event.request.grant, self.principal,
-                                                    str(self.peer))
+            grant, channels = self.registry.unshare(name, self.principal, str(self.peer))
         except RequestError as exc:
+            if elsewhere and exc.code == ErrorCode.NO_SUCH_SESSION:
+                return self.remote_unshare(event.request, elsewhere)
             self.core.refuse_request(exc)
-            return
+            return None
         self.core.answer(Unshared(id=grant.id, channels=channels))
+        return None
 
     def detach_requested(self, event: DetachRequested) -> None:
         channel = event.channel
+        if (hop := self.hop_for(channel)) is not None:
+            self.remote_detach(hop, channel)
+            return
         attachment = self.attachments.get(channel)
         if attachment is None:
             return

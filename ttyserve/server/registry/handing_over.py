@@ -43,8 +43,10 @@ class HandingOver:
     _running: int
     _kill_leftovers: bool
     _task_group: anyio.abc.TaskGroup | None
+    on_upgraded: Callable[[str, int], None] | None  # a worker's report to its supervisor
 
     if TYPE_CHECKING:  # the registry's own
+        def count(self) -> None: ...
         async def _until(self, condition: Callable[[], bool]) -> None: ...
         def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
         def _delivered(self, session: ServerSession) -> None: ...
@@ -104,6 +106,7 @@ class HandingOver:
         states = [session_state(session) for session in self.sessions.values()]
         self.sessions.clear()
         self._running = 0
+        self.count()
         return states
 
     def describe_grants(self) -> list[GrantState]:
@@ -122,9 +125,12 @@ class HandingOver:
                     id=state.id, digest=state.digest, session=state.session,
                     role=OBSERVER if state.role == OBSERVER else WRITER, owner=state.owner,
                     expires=state.expires))
-        await self._record(lambda journal: journal.append(ServerUpgrade(
-            at=journal.now(), from_version=from_version, to_version=__version__,
-            sessions=len(states))))
+        if self.on_upgraded is not None:  # a worker: the supervisor writes the one record
+            self.on_upgraded(from_version, len(states))
+        else:
+            await self._record(lambda journal: journal.append(ServerUpgrade(
+                at=journal.now(), from_version=from_version, to_version=__version__,
+                sessions=len(states))))
         log.info("upgraded: %d sessions kept", len(states))
 
     def adopt(self, states: list[SessionState], backend: ChildBackend) -> None:
@@ -148,4 +154,5 @@ class HandingOver:
             self.sessions[session.id] = session
             if state.process is not None:
                 self.start(session)
+        self.count()
         self.deadline_moved()

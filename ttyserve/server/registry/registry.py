@@ -42,6 +42,7 @@ from ..journal import (
     SessionDetach,
     SessionEnd,
 )
+from ..mesh import Mesh
 from ..sessions.life import Event
 from ..sessions.recording import start_recording
 from ..sessions.scrollback import OffsetBeyondOutput
@@ -77,19 +78,20 @@ def _spawn_failed(exc: OSError, peer: str) -> RequestError:
                         errno=exc.errno or errno.EIO)
 
 
-def new_session_id() -> str:
+def new_session_id(prefix: str = "") -> str:
     """128 random bits, URL-safe: unguessable, so it can name a session to reattach. An `s`
     first: an id is typed as an argument (`ttyserve attach ID`), and one that began with
-    `-` (one in 64 of them) would read as an option."""
-    return "s" + secrets.token_urlsafe(16)
+    `-` (one in 64 of them) would read as an option. With workers, the worker's slot
+    follows (``prefix``, `2.`): any worker routes the id to its session."""
+    return "s" + prefix + secrets.token_urlsafe(16)
 
 
 class JournalIds:
     """Ids for sessions no client can name (not detachable): unique, not secret, so cheap:
     this server's random prefix and a count (the journal outlives the server)."""
 
-    def __init__(self) -> None:
-        self._prefix = secrets.token_urlsafe(9) + "."
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix + secrets.token_urlsafe(9) + "."
         self._count = itertools.count(1)
 
     def __call__(self) -> str:
@@ -100,8 +102,11 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
     """Every live session of one server, by id."""
 
     def __init__(self, settings: ServerSettings, backend: Backend,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | None = None, mesh: Mesh | None = None) -> None:
         self.settings = settings
+        self.mesh = mesh  # with workers: the others, and the counts all of them share
+        self._id_prefix = mesh.prefix if mesh is not None else ""
+        self.on_upgraded: Callable[[str, int], None] | None = None
         self.backend = backend
         self._spawn_nowait: Callable[[ProcessSpec], ProcessHandle] | None = (
             backend.spawn_nowait if isinstance(backend, SpawnsAtOnce) else None)
@@ -109,7 +114,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
         self.sessions: dict[str, ServerSession] = {}
-        self.grants = Grants()  # section 11: who may attach without the token
+        self.grants = Grants(self._id_prefix)  # section 11: who may attach without the token
         self.typing = Typing()  # interactive first: while anyone types, others read small
         self.closing = False  # a graceful shutdown began: no new sessions
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
@@ -120,7 +125,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
-        self._journal_id = JournalIds()
+        self._journal_id = JournalIds(self._id_prefix)
         self._kill_leftovers = settings.leftovers == "kill"
         self._default_argv = settings.default_argv  # each read of these makes them anew
         self._policy = settings.policy
@@ -174,6 +179,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         session_id = self._new_id(request.detachable)
         spec = self._admit_open(request, peer, sessions_here, session_id)
         self._opening += 1  # counted against --max-sessions while it awaits
+        self.count()
         try:
             try:
                 process = await self.backend.spawn(spec)
@@ -193,6 +199,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                                      process.cgroup_path)))
         finally:
             self._opening -= 1
+            self.count()
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -208,6 +215,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         try:
             process = spawn_nowait(spec)
         except OSError as exc:
+            self.count()
             raise _spawn_failed(exc, peer) from exc
         return self._admitted(
             self._session(session_id, process, spec, owner, peer, request.detachable,
@@ -216,7 +224,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
         only tells its records apart."""
-        return new_session_id() if detachable else self._journal_id()
+        return new_session_id(self._id_prefix) if detachable else self._journal_id()
 
     def _admit_open(self, request: Open, peer: str, sessions_here: int,
                     session_id: str) -> ProcessSpec:
@@ -239,7 +247,25 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         except RequestError as exc:
             log.warning("%s: %s: %s", peer, exc.code, exc.message)
             raise
+        self._reserve()
         return self.spec_for(request, session_id)
+
+    def _reserve(self) -> None:
+        """With workers, the server-wide --max-sessions: this one counted first (so racing
+        workers cannot both pass the limit), then the sum checked."""
+        if self.mesh is None:
+            return
+        census, own = self.mesh.census, len(self.sessions) + self._opening + 1
+        census.publish(census.SESSIONS, own)
+        if census.total(census.SESSIONS, own) > self.settings.max_sessions:
+            self.count()
+            raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
+
+    def count(self) -> None:
+        """Tell the other workers how many sessions this one has (with workers)."""
+        if self.mesh is not None:
+            census = self.mesh.census
+            census.publish(census.SESSIONS, len(self.sessions) + self._opening)
 
     def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
                  peer: str, detachable: bool, detached_timeout: int | None) -> ServerSession:
@@ -258,6 +284,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             start_recording(session, settings.record, settings.record_input,
                             self._task_group)
         self.sessions[session.id] = session
+        self.count()
         if self.closing:  # the shutdown began while it was spawned: hung up as the others
             session.hang_up()
         return session
@@ -343,6 +370,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         session.life.step(Event.FORGOTTEN)
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            self.count()
             for grant in self.grants.of_session(session.id):  # a grant ends with its session
                 self.grants.remove(grant)
 

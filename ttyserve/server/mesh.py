@@ -1,0 +1,141 @@
+"""A worker's place among the server's workers (`serve --workers N`): its slot, the ids that
+name it, where the other workers listen for hops, and the counts every worker shares.
+
+A session lives in the worker that spawned it, and its id says which (`s2.…`), as a grant's
+secret does (`g2.…`): any worker routes a request by the name alone, with no directory. A
+worker reaches another's session over a link of its own, a protocol-v1 connection to the
+other worker's link socket that begins with a `LinkHello` (the server's secret and the
+client's identity, so the far worker admits, journals and counts as for the client).
+"""
+
+from __future__ import annotations
+
+import hmac
+import mmap
+import os
+
+import msgspec
+
+from .auth import Peer
+from .handover import ListenerState
+
+WORKER_ENV = "TTYSERVE_WORKER"  # a worker's WorkerSpec, as JSON
+LINK_HELLO_LIMIT = 4096  # the longest LinkHello line a link listener reads
+
+
+class WorkerSpec(msgspec.Struct, kw_only=True):
+    """What the supervisor hands a worker it starts (and the worker keeps across its own
+    upgrades in place): its slot, the server's listeners and journal, where links go."""
+
+    slot: int
+    workers: int
+    listeners: list[ListenerState]
+    link_dir: str
+    secret: str  # hex: what a link's first line must carry
+    control_fd: int  # a SOCK_SEQPACKET socket to the supervisor
+    census_fd: int  # the shared counts (a memfd)
+    journal_fd: int | None = None
+    journal_path: str | None = None
+    containment_base: str | None = None  # the supervisor's cgroup directory
+    token: str | None = None  # the web listeners' token the supervisor made
+
+
+class LinkHello(msgspec.Struct, kw_only=True):
+    """A link's first line: the secret, the client's peer, and whom the client was admitted
+    as (None: its `hello` carries a grant, which the far worker checks itself)."""
+
+    secret: str
+    transport: str
+    host: str = ""
+    uid: int | None = None
+    pid: int | None = None
+    principal: str | None = None
+
+    @property
+    def peer(self) -> Peer:
+        return Peer(self.transport, self.host, self.uid, self.pid)
+
+
+class Census:
+    """Sessions and connections per worker, in memory every worker maps: each writes its own
+    slot (one aligned 8-byte store) and reads the sum, so the server's limits hold for the
+    whole server. An admission counts itself first and then checks, so racing workers may
+    both refuse at the limit, never both pass it."""
+
+    SESSIONS, CONNECTIONS = 0, 1
+
+    def __init__(self, fd: int, workers: int, slot: int) -> None:
+        self._map = mmap.mmap(fd, 2 * workers * 8)
+        self._counts = memoryview(self._map).cast("q")
+        self.workers = workers
+        self.slot = slot
+
+    @staticmethod
+    def create(workers: int) -> int:
+        """A new, zeroed census for ``workers`` workers: its descriptor."""
+        fd = os.memfd_create("ttyserve-census", os.MFD_CLOEXEC)
+        os.ftruncate(fd, 2 * workers * 8)
+        return fd
+
+    def publish(self, kind: int, count: int) -> None:
+        self._counts[kind * self.workers + self.slot] = count
+
+    def total(self, kind: int, own: int) -> int:
+        """The whole server's count, with ``own`` for this worker."""
+        base = kind * self.workers
+        return own + sum(self._counts[base + i] for i in range(self.workers)
+                         if i != self.slot)
+
+    def forget(self, slot: int) -> None:
+        """A worker died: its counts go (the supervisor's)."""
+        for kind in (self.SESSIONS, self.CONNECTIONS):
+            self._counts[kind * self.workers + slot] = 0
+
+
+class Mesh:
+    """This worker's view of the others."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.slot = spec.slot
+        self.workers = spec.workers
+        self.link_dir = spec.link_dir
+        self._secret = spec.secret
+        self.census = Census(spec.census_fd, spec.workers, spec.slot)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.slot}."
+
+    def link_path(self, slot: int) -> str:
+        return os.path.join(self.link_dir, f"w{slot}.sock")
+
+    def owner(self, name: str) -> int | None:
+        """The slot a session id or grant names (`s2.…`, `g2.…`), None when it names none."""
+        head, dot, _ = name[1:].partition(".")
+        if not dot or not head.isdigit() or name[:1] not in ("s", "g"):
+            return None
+        slot = int(head)
+        return slot if slot < self.workers else None
+
+    def elsewhere(self, name: str) -> int | None:
+        """The slot of another worker that ``name`` names; None for this one's or none."""
+        slot = self.owner(name)
+        return None if slot == self.slot else slot
+
+    def others(self) -> list[int]:
+        return [slot for slot in range(self.workers) if slot != self.slot]
+
+    def link_hello(self, peer: Peer, principal: str | None) -> bytes:
+        """A link's first bytes: the LinkHello's length (4 bytes, big-endian), then it."""
+        body = msgspec.json.encode(LinkHello(
+            secret=self._secret, transport=peer.transport, host=peer.host, uid=peer.uid,
+            pid=peer.pid, principal=principal))
+        return len(body).to_bytes(4, "big") + body
+
+    def admit_link(self, line: bytes) -> LinkHello | None:
+        """The link's hello when it carries the secret, else None."""
+        try:
+            hello = msgspec.json.decode(line, type=LinkHello)
+        except msgspec.DecodeError:
+            return None
+        return hello if hmac.compare_digest(hello.secret, self._secret) else None
