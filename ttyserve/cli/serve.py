@@ -19,6 +19,7 @@ import msgspec
 from ..addresses import Address, default_address, is_loopback, parse_address
 from ..backends.cgroups import Containment, Unavailable, open_containment, sweep_dead_servers
 from ..backends.kinds import make_backend, unavailable_reason
+from ..backends.local import ChildBackend
 from ..credentials import read_token, tls_context
 from ..errors import AddressError, ConfigError, LeaseError, ListenError, UsageError
 from ..exitcodes import ServeExit
@@ -26,7 +27,7 @@ from ..server.auth import stdio_peer
 from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
 from ..server.listener import Server
-from ..server.mesh import WORKER_ENV, Mesh, WorkerSpec
+from ..server.mesh import STOP, UPGRADE, WORKER_ENV, Mesh, WorkerSpec
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
 from ..server.supervisor import READY, REFUSED, UPGRADED, Supervisor, report
@@ -229,26 +230,17 @@ def _contained(config: ServerSettings, handed: HandoverState | None,
 
 
 def _worker_listeners(spec: WorkerSpec, handed: HandoverState | None,
-                      addresses: list[Address], leases: list[SocketLease],
-                      ) -> tuple[list[tuple[Address, Address, socket.socket]], Address]:
-    """A worker's listeners: its supervisor's (or, after an upgrade, those handed over),
-    and its own link listener, the last."""
+                      leases: list[SocketLease],
+                      ) -> list[tuple[Address, Address, socket.socket]]:
+    """A worker's one listener, its link listener (after an upgrade, the one handed over):
+    its clients' connections come from its supervisor, who accepts them."""
     link = Address("unix", path=os.path.join(spec.link_dir, f"w{spec.slot}.sock"))
     for fd in (spec.control_fd, spec.census_fd):
         os.set_inheritable(fd, False)
     if handed is not None:
-        listeners, leases[:], unbound = adopted_listeners(handed, [*addresses, link])
-        listeners += _bind(unbound, leases, upgraded=True)
-        listeners.sort(key=lambda kept: kept[0] == link)
-        return listeners, listeners[-1][1]
-    listeners = []
-    for state in spec.listeners:
-        sock = socket.socket(fileno=state.fd)
-        os.set_inheritable(state.fd, False)
-        sock.setblocking(False)
-        listeners.append((parse_address(state.requested), parse_address(state.address), sock))
-    listeners += _bind([link], leases)
-    return listeners, listeners[-1][1]
+        listeners, leases[:], unbound = adopted_listeners(handed, [link])
+        return listeners + _bind(unbound, leases, upgraded=True)
+    return _bind([link], leases)
 
 
 async def _serve(config: ServerSettings, handed: HandoverState | None = None,
@@ -278,8 +270,8 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
             journal = _journal(config, handed, spec)
             unbound = addresses
             if spec is not None:
-                listeners, link = _worker_listeners(spec, handed, addresses, leases)
-                unbound = []
+                listeners = _worker_listeners(spec, handed, leases)
+                link, unbound = listeners[0][1], []
             elif handed is not None:
                 listeners, leases, unbound = adopted_listeners(handed, addresses)
             containment = _contained(config, handed, spec)
@@ -303,6 +295,49 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                           link, leases, journal, containment)
 
 
+class Orders:
+    """What a serving process is told, by signals or (a worker) by its supervisor alone:
+    drain, force, upgrade in place."""
+
+    def __init__(self, server: Server, handover: Handover, backend: ChildBackend,
+                 config: ServerSettings, spec: WorkerSpec | None) -> None:
+        self.server, self.handover, self.backend = server, handover, backend
+        self.config, self.spec = config, spec
+
+    async def upgrade(self) -> None:
+        server, handover = self.server, self.handover
+        if self.config.stdio:
+            log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
+                        "connection is the server's life)")
+        elif not server.upgrading and not server.stopping and await handover.dry_run():
+            log.info("upgrading from %s", __version__)
+            server.upgrade(lambda: handover.execute(self.backend))
+        elif self.spec is not None:
+            report(self.spec.control_fd, REFUSED)
+
+    def act(self, command: str, upgrades: anyio.abc.TaskGroup) -> None:
+        server = self.server
+        if command == UPGRADE:
+            upgrades.start_soon(self.upgrade)
+        elif not server.stopping:
+            log.info("%s: shutting down gracefully", command)
+            server.shutdown()
+        elif command != STOP:
+            log.warning("%s again: forcing shutdown", command)
+            server.force()
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async with anyio.create_task_group() as upgrades:
+            self.server.on_command = lambda command: self.act(command, upgrades)
+            async for signum in signals:
+                if self.spec is not None:  # a worker takes its orders from its supervisor
+                    log.warning("%s: ignored: signals go to the supervisor (pid %d)",
+                                signal.Signals(signum).name, os.getppid())
+                    continue
+                self.act(UPGRADE if signum == signal.SIGUSR2 else signal.Signals(signum).name,
+                         upgrades)
+
+
 async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncIterator[int],
                handed: HandoverState | None, spec: WorkerSpec | None,
                tls: ssl.SSLContext | None, generated: str | None,
@@ -317,38 +352,13 @@ async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncI
                         keep=[spec.control_fd, spec.census_fd] if spec is not None else [])
     announce = announcer(generated) if handed is None else None
     if spec is not None:
-        control = spec.control_fd
-        server.registry.on_upgraded = lambda version, kept: report(
-            control, UPGRADED, sessions=kept, from_version=version, to_version=__version__)
-        announce = (lambda _: report(control, READY)) if handed is None else None
+        announce = _as_worker(server, spec, handed)
+    orders = Orders(server, handover, backend, config, spec)
     quiet_collector()
-
-    async def upgrade() -> None:
-        if config.stdio:
-            log.warning("SIGUSR2: serve --stdio does not upgrade in place (its one "
-                        "connection is the server's life)")
-        elif not server.upgrading and not server.stopping and await handover.dry_run():
-            log.info("upgrading from %s", __version__)
-            server.upgrade(lambda: handover.execute(backend))
-        elif spec is not None:
-            report(spec.control_fd, REFUSED)
-
-    async def watch_signals() -> None:
-        async with anyio.create_task_group() as upgrades:
-            async for signum in signals:
-                if signum == signal.SIGUSR2:
-                    upgrades.start_soon(upgrade)
-                elif not server.stopping:
-                    log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                    server.shutdown()
-                else:
-                    log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
-                    server.force()
-
     with _held(leases, journal, containment):
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(watch_signals)
+                tg.start_soon(orders.watch, signals)
                 only = (stdio_transport(), stdio_peer()) if config.stdio else None
                 drained = await server.serve(
                     [(bound, sock) for _, bound, sock in listeners], announce, only=only,
@@ -359,6 +369,18 @@ async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncI
                 if spec is None or bound == link:  # (the supervisor's are its to remove)
                     remove_socket_file(bound)
     return ServeExit.OK if drained else ServeExit.ERROR
+
+
+def _as_worker(server: Server, spec: WorkerSpec, handed: HandoverState | None,
+               ) -> Callable[[Address], None] | None:
+    """A worker's ways to its supervisor: the connections it is handed, its report of an
+    upgrade, and of its start (what it says instead of `listening`)."""
+    control = spec.control_fd
+    server.dispatched = (socket.socket(fileno=os.dup(control)),
+                         [parse_address(state.address) for state in spec.listeners])
+    server.registry.on_upgraded = lambda version, kept: report(
+        control, UPGRADED, sessions=kept, from_version=version, to_version=__version__)
+    return (lambda _: report(control, READY)) if handed is None else None
 
 
 def quiet_collector() -> None:

@@ -36,7 +36,7 @@ from .auth import Gate, Peer, peer_of
 from .connections.handler import ConnectionHandler
 from .handover import HandoverState
 from .journal import Journal
-from .mesh import LINK_HELLO_LIMIT, Mesh
+from .mesh import LINK_HELLO_LIMIT, STOP, Mesh
 from .registry.registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
@@ -77,6 +77,11 @@ class Server:
             settings, backend or LocalBackend(settings.default_cwd), journal, mesh)
         self.mesh = mesh
         self.link = link
+        # A worker's clients: their connections come over its control socket, accepted by
+        # the supervisor for the listeners named here (by index).
+        self.dispatched: tuple[socket.socket, list[Address]] | None = None
+        self.on_command: Callable[[str], None] | None = None
+        self._accepting: Tasks | None = None  # where a dispatched connection is served
         self.gate = Gate(settings.access)
         self.handlers: set[ConnectionHandler] = set()
         self.reap_orphans = reap_orphans
@@ -134,6 +139,8 @@ class Server:
                 maintenance.start_soon(backend.reap_orphans)
             if isinstance(backend, ChildBackend) and backend.containment is not None:
                 maintenance.start_soon(backend.containment.tend)
+            if self.dispatched is not None:
+                maintenance.start_soon(self._take_dispatched, *self.dispatched)
             async with self.registry.running():
                 if adopt is not None:  # before the orphan reaper's first sweep (no checkpoint
                     # since it was started): a leader that exited during the hand-over is
@@ -161,8 +168,10 @@ class Server:
                         accepting.start_soon(self._accept_loop, listener, address, connections)
                         if on_listening is not None:
                             on_listening(address)
+                    self._accepting = connections
                     on_listening = None  # once: the listeners stay the same
                     await self._wake.wait()
+                    self._accepting = None
                     accepting.cancel_scope.cancel()
                 if self._stop.is_set():
                     break
@@ -274,6 +283,34 @@ class Server:
                 log.warning("accept failed: %s; retrying", starved.pop().strerror)
                 starved.clear()
                 await anyio.sleep(_ACCEPT_RETRY)
+
+    async def _take_dispatched(self, control: socket.socket, addresses: list[Address]) -> None:
+        """A worker's word from its supervisor (supervisor.py): the connections it accepted
+        for this worker, to serve, and its commands (`on_command`)."""
+        control.setblocking(False)
+        while True:
+            await anyio.wait_readable(control)
+            for _ in range(_ACCEPT_BATCH):
+                try:
+                    data, fds, _, _ = socket.recv_fds(control, 16, 4)
+                except BlockingIOError:
+                    break
+                if not data:  # the supervisor is gone: nobody accepts for this worker
+                    if self.on_command is not None:
+                        self.on_command(STOP)
+                    return
+                if not fds:
+                    if self.on_command is not None:
+                        self.on_command(data.decode(errors="replace"))
+                    continue
+                connections = self._accepting
+                for fd in fds:
+                    sock = socket.socket(fileno=fd)
+                    if connections is not None and data[0] < len(addresses):
+                        connections.start_soon(self._serve_connection, sock,
+                                               addresses[data[0]])
+                    else:
+                        sock.close()
 
     async def _serve_connection(self, sock: socket.socket, listener: Address) -> None:
         if listener is self.link:

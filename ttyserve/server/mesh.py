@@ -20,7 +20,9 @@ from .auth import Peer
 from .handover import ListenerState
 
 WORKER_ENV = "TTYSERVE_WORKER"  # a worker's WorkerSpec, as JSON
-LINK_HELLO_LIMIT = 4096  # the longest LinkHello line a link listener reads
+LINK_HELLO_LIMIT = 4096  # the longest LinkHello a link listener reads
+# What a supervisor tells its workers over their control sockets (besides connections).
+STOP, FORCE, UPGRADE = "stop", "force", "upgrade"
 
 
 class WorkerSpec(msgspec.Struct, kw_only=True):

@@ -13,6 +13,7 @@ and when a worker dies, kills what is left of its sessions, ends their records
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -34,11 +35,15 @@ from ..backends.reaper import become_subreaper, run_orphan_reaper
 from ..exitcodes import ServeExit
 from .handover import ListenerState
 from .journal import Journal, ServerUpgrade, hang_up_survivors
-from .mesh import WORKER_ENV, Census, WorkerSpec
+from .mesh import FORCE, STOP, UPGRADE, WORKER_ENV, Census, WorkerSpec
 from .upgrade import entry_point
 
 log = logging.getLogger("ttyserve")
 
+ACCEPT_BATCH = 16  # connections accepted at one readiness
+ACCEPT_RETRY = 0.1  # seconds: the pause when accept() fails for lack of descriptors
+STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+DISPATCH_WAIT = 1.0  # seconds a connection waits for a worker to take it
 RESTART_PAUSE = 1.0  # a worker that died before it served is started again after this
 TREE_GRACE = 2.0  # seconds a dead worker's session cgroups have to empty
 
@@ -93,6 +98,8 @@ class Supervisor:
         self._census_fd = -1
         self._census: Census | None = None
         self._upgrade: dict[int, Report | None] | None = None  # a round: each worker's word
+        self._paused: anyio.Event | None = None  # accepting waits (an upgrade)
+        self._turn = 0
 
     async def run(self, signals: AsyncIterator[int],
                   announce: Callable[[Address], None] | None) -> int:
@@ -110,7 +117,8 @@ class Supervisor:
                     tg.cancel_scope.cancel()
                     return ServeExit.ERROR
                 self.serving = True
-                for _, bound, _ in self.listeners:
+                for index, (_, bound, sock) in enumerate(self.listeners):
+                    tg.start_soon(self._accept_loop, index, sock)
                     if announce is not None:
                         announce(bound)
                 tg.start_soon(self._signals, signals)
@@ -131,9 +139,8 @@ class Supervisor:
         journal = self.journal
         return WorkerSpec(
             slot=slot, workers=self.count, link_dir=self._link_dir, secret=self._secret,
-            listeners=[ListenerState(requested=str(asked), address=str(bound),
-                                     fd=sock.fileno())
-                       for asked, bound, sock in self.listeners],
+            listeners=[ListenerState(requested=str(asked), address=str(bound), fd=-1)
+                       for asked, bound, _ in self.listeners],
             control_fd=control.fileno(), census_fd=self._census_fd,
             journal_fd=journal.fd if journal is not None else None,
             journal_path=journal.path if journal is not None else None,
@@ -145,7 +152,7 @@ class Supervisor:
         (a terminal's Ctrl-C is the supervisor's to pass on, once)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = self._spec(slot, theirs)
-        fds = [theirs.fileno(), self._census_fd, *(s.fileno() for _, _, s in self.listeners)]
+        fds = [theirs.fileno(), self._census_fd]
         if self.journal is not None:
             fds.append(self.journal.fd)
         try:
@@ -245,6 +252,50 @@ class Supervisor:
             await until_empty(tree, TREE_GRACE)
             remove_tree(tree)
 
+    # --- connections ------------------------------------------------------------------
+
+    async def _accept_loop(self, index: int, listener: socket.socket) -> None:
+        """Accept the listener's connections and hand each to the next worker in turn (its
+        descriptor over the worker's control socket): the load spreads evenly, and a
+        client's next connection usually meets another worker (which the tests count
+        on). TLS and WebSocket handshakes are the worker's."""
+        while True:
+            if self._paused is not None:
+                await self._paused.wait()
+                continue
+            await anyio.wait_readable(listener)
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    sock, _ = listener.accept()
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno in STARVED:
+                        log.warning("accept failed: %s; retrying", exc.strerror)
+                        await anyio.sleep(ACCEPT_RETRY)
+                        break
+                    continue
+                with sock:
+                    await self._dispatch(index, sock)
+
+    async def _dispatch(self, index: int, sock: socket.socket) -> None:
+        """Hand ``sock`` to a worker: the next in turn that takes it now, else wait (up to a
+        second) for one that will; closed when none does."""
+        deadline = time.monotonic() + DISPATCH_WAIT
+        while time.monotonic() < deadline:
+            live = [w for w in self.workers.values()
+                    if w.ready.is_set() and w.process.poll() is None]
+            for _ in range(len(live)):
+                worker = live[self._turn % len(live)]
+                self._turn += 1
+                try:
+                    socket.send_fds(worker.control, [bytes([index])], [sock.fileno()])
+                    return
+                except OSError:
+                    continue  # its queue is full, or it is gone: the next one
+            await anyio.sleep(0.005)
+        log.warning("no worker took a connection within %g s: closed", DISPATCH_WAIT)
+
     # --- signals, upgrades, the end -----------------------------------------------------
 
     async def _signals(self, signals: AsyncIterator[int]) -> None:
@@ -255,15 +306,19 @@ class Supervisor:
             if self.stopping:
                 log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
                 self.forced = True
+                self._tell_all(FORCE)
             else:
                 log.info("%s: shutting down gracefully", signal.Signals(signum).name)
                 self.stopping = True
-            self._tell_all(signum)
+                self._paused = anyio.Event()  # accepting stops for good
+                self._tell_all(STOP)
 
-    def _tell_all(self, signum: int) -> None:
+    def _tell_all(self, command: str) -> None:
         for worker in self.workers.values():
-            if worker.process.poll() is None:
-                worker.process.send_signal(signum)
+            try:
+                worker.control.send(command.encode())
+            except OSError:
+                pass  # gone: its watcher knows
 
     def _begin_upgrade(self) -> None:
         """SIGUSR2: every worker upgrades itself in place (section 12), each keeping its
@@ -271,7 +326,8 @@ class Supervisor:
         if self._upgrade is not None or self.stopping:
             return
         self._upgrade = {slot: None for slot in self.workers}
-        self._tell_all(signal.SIGUSR2)
+        self._paused = anyio.Event()  # connections wait in the backlog for the new code
+        self._tell_all(UPGRADE)
 
     def _upgrade_reported(self, worker: Worker, said: Report) -> None:
         round_ = self._upgrade
@@ -281,6 +337,9 @@ class Supervisor:
         if any(word is None for word in round_.values()):
             return
         self._upgrade = None
+        if self._paused is not None and not self.stopping:
+            self._paused.set()
+            self._paused = None
         done = [word for word in round_.values() if word is not None and word.event == UPGRADED]
         if done and self.journal is not None:
             record = ServerUpgrade(at=self.journal.now(), from_version=done[0].from_version,

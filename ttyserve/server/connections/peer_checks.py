@@ -61,7 +61,8 @@ class PeerChecks:
 
     def hello_received(self, event: HelloReceived) -> Later | None:
         grant, mesh = event.hello.grant, self.registry.mesh
-        if grant is not None and mesh is not None and (slot := mesh.elsewhere(grant)) is not None:
+        if grant is not None and mesh is not None and not self.link and (
+                slot := mesh.elsewhere(grant)) is not None:
             return self.remote_hello(grant, slot)  # the worker that made it admits it
         if not self.link and (delay := self.gate.delay(self.peer)):
             return functools.partial(self._hello, event, delay)

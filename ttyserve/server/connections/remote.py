@@ -46,6 +46,7 @@ class RemoteRequests:
     principal: str
     _tasks: TaskStarter
     outbox: Outbox
+    link = False  # a link from another worker (mesh.py)
     _hops: dict[int, Hop] | None = None  # by slot, made on first use
     remote: dict[int, Hop] | None = None  # the client's channels whose sessions are elsewhere
 
@@ -59,9 +60,15 @@ class RemoteRequests:
         return self.registry.mesh
 
     def elsewhere(self, name: str) -> int | None:
-        """The other worker a session id or grant names, if any."""
+        """The other worker a session id or grant names, if any (a link's requests are for
+        this worker: it never sends one on)."""
         mesh = self.mesh
-        return None if mesh is None else mesh.elsewhere(name)
+        return None if mesh is None or self.link else mesh.elsewhere(name)
+
+    @property
+    def spans_workers(self) -> bool:
+        """Whether a `list` here gathers from every worker (not on a link)."""
+        return self.mesh is not None and self.mesh.workers > 1 and not self.link
 
     def hop_for(self, channel: int) -> Hop | None:
         """The hop that carries ``channel``, when its session is elsewhere."""

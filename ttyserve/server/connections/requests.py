@@ -64,7 +64,7 @@ class SessionRequests(RemoteRequests):
 
     def list_requested(self, event: ListRequested) -> Later | None:
         here = self.registry.listing(self.principal)
-        if self.mesh is not None and self.mesh.workers > 1:
+        if self.spans_workers:
             return self.remote_list(here)
         self.core.answer(Sessions(sessions=here))
         return None
@@ -144,7 +144,7 @@ class SessionRequests(RemoteRequests):
 
     def unshare_requested(self, event: UnshareRequested) -> Later | None:
         name, mesh = event.request.grant, self.mesh
-        elsewhere = [] if mesh is None else (
+        elsewhere = [] if mesh is None or self.link else (
             [slot] if (slot := mesh.owner(name)) is not None else mesh.others())
         if mesh is not None and mesh.slot in elsewhere:
             elsewhere = []

@@ -125,7 +125,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
-        self._journal_id = JournalIds(self._id_prefix)
+        self._journal_id = JournalIds("s" + self._id_prefix if mesh is not None else "")
         self._kill_leftovers = settings.leftovers == "kill"
         self._default_argv = settings.default_argv  # each read of these makes them anew
         self._policy = settings.policy
