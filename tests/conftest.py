@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import ServerProcess, start_server
 
@@ -60,8 +61,19 @@ def sock_path(short_dir: Path) -> Path:
     return short_dir / "s.sock"
 
 
+@pytest.fixture(params=[1, 2], ids=["workers1", "workers2"])
+def workers(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Every server a test starts runs as one process, and as a supervisor with two workers
+    (so a feature that forgets the other workers fails)."""
+    helpers.WORKERS = request.param
+    try:
+        yield request.param
+    finally:
+        helpers.WORKERS = None
+
+
 @pytest.fixture
-def server_process(short_dir: Path) -> Iterator[ServerProcess]:
+def server_process(short_dir: Path, workers: int) -> Iterator[ServerProcess]:
     """A `ttyserve serve` subprocess on a Unix socket, with /bin/sh as default command."""
     server = start_server(short_dir, "--command", "/bin/sh", "--linger", "1")
     try:

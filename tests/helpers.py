@@ -179,7 +179,14 @@ class ServerProcess:
 
     @property
     def pid(self) -> int:
+        """The server's pid: its supervisor's with workers (the one for signals)."""
         return self.proc.pid
+
+    def worker_pids(self) -> list[int]:
+        """The processes that run sessions: the workers, or the server itself."""
+        workers = [pid for pid in children_of(self.proc.pid)
+                   if _cmdline(pid)[-1:] and "serve" in _cmdline(pid)]
+        return workers or [self.proc.pid]
 
     def stderr_tail(self) -> str:
         if self.stderr_path is None or not self.stderr_path.exists():
@@ -255,13 +262,21 @@ def token_file(directory: Path, token: str) -> Path:
     return path
 
 
+WORKERS: int | None = None  # what the `workers` fixture asks of every server a test starts
+
+
 def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
                  expect_lines: int | None = None, env: dict[str, str] | None = None,
                  expect_browse: int = 0, cwd: Path | None = None,
                  ) -> ServerProcess:
-    """Start `ttyserve serve` and wait for its `listening` lines."""
+    """Start `ttyserve serve --workers N` (N from the `workers` fixture, which every test
+    that starts a server takes) and wait for its `listening` lines."""
+    if WORKERS is None and not any(a.startswith("--workers") for a in args):
+        raise AssertionError("a test that starts a server runs with each worker count: it "
+                             "takes the `workers` fixture (pytest.mark.usefixtures)")
     listen = listen if listen is not None else [f"unix:{tmp_path / 's.sock'}"]
-    argv = ttyserve_command("serve", *[f"--listen={a}" for a in listen], *args)
+    count = [] if any(a.startswith("--workers") for a in args) else [f"--workers={WORKERS}"]
+    argv = ttyserve_command("serve", *[f"--listen={a}" for a in listen], *count, *args)
     stderr_path = tmp_path / f"server-{time.monotonic_ns()}.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr,
@@ -310,6 +325,13 @@ def _processes() -> Iterator[tuple[int, str, int, int]]:
 def processes_in_group(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     return [pid for pid, state, _, group in _processes() if group == pgid and state != "Z"]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
 
 
 def children_of(ppid: int) -> list[int]:

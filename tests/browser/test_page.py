@@ -28,7 +28,7 @@ from helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 CTRL = 2  # the DevTools modifier bit
 
 

@@ -20,7 +20,7 @@ from helpers import start_server, ttyserve_command
 from ttyserve.errors import CARRIER_FAILURES, CarrierFailure
 from ttyserve.exitcodes import ExecExit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 REMOTE = str(Path(sys.executable).parent / "ttyserve")
 RETRIES = 2
 

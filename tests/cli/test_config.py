@@ -15,7 +15,7 @@ from ttyserve.exitcodes import ServeExit
 from ttyserve.server import config
 from ttyserve.server.settings import ServerSettings, options
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 def parse(*flags: str) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from helpers import ServerProcess, start_server, ttyserve_command
 
 from ttyserve.exitcodes import ExecExit, ServeExit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "s3cret-token-for-tests"
 
 

@@ -23,7 +23,7 @@ from helpers import (
 
 from ttyserve.exitcodes import ExecExit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 def exec_cmd(server: ServerProcess | str, *args: str, stdin: bytes = b"",

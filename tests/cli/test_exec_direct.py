@@ -18,7 +18,7 @@ from helpers import SH, ServerProcess, start_server, ttyserve_command, wait_for_
 
 from ttyserve.exitcodes import ExecExit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 def imported(*args: str) -> tuple[subprocess.CompletedProcess[bytes], set[str]]:

@@ -19,7 +19,7 @@ from test_exec_resume import run_exec
 from ttyserve.errors import TargetFailure
 from ttyserve.exitcodes import ExecExit
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "exec-lost-token"
 MARKER = b"marker-line"
 SCRIPT = ["sh", "-c", "echo marker-line; sleep 60"]

@@ -20,7 +20,7 @@ from helpers import token_file as write_token
 
 from ttyserve.client import connect
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180), pytest.mark.usefixtures("workers")]
 TOKEN = "exec-resume-token"
 LINES = 6_000_000  # `seq 1 LINES`: 52.9 MB of numbered lines
 SEQ_BYTES = sum(len(str(n)) + 1 for n in range(1, LINES + 1))

@@ -24,7 +24,7 @@ from helpers import ServerProcess, children_of, ttyserve_command
 
 from ttyserve.backends.spawn import Stdio, encode_environment, spawn
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 PROMPT = b"remote$ "
 
 

@@ -16,7 +16,7 @@ from helpers import SH, ServerProcess, start_server, ttyserve_command
 
 from ttyserve.exitcodes import ExecExit, ServeExit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 @pytest.fixture

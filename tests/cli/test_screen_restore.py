@@ -16,7 +16,7 @@ import pytest
 from helpers import ServerProcess, start_server, ttyserve_command
 from test_detach_cli import Tmux, command
 
-pytestmark = [pytest.mark.timeout(90),
+pytestmark = [pytest.mark.usefixtures("workers"), pytest.mark.timeout(90),
               pytest.mark.skipif(shutil.which("tmux") is None,
                                  reason="tmux is not installed: apt-get install tmux"),
               pytest.mark.skipif(shutil.which("vim") is None,

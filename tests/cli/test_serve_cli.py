@@ -24,7 +24,7 @@ from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import FrameDecoder
 from ttyserve.protocol.messages import Open
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 def run_serve(*args: str, timeout: float = 15) -> subprocess.CompletedProcess[bytes]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import ServerProcess, start_server, token_file, ttyserve_command
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "share-cli-token"
 
 

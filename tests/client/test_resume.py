@@ -17,7 +17,7 @@ from ttyserve.client.session import Lost, Resumed, ResumeEvent
 from ttyserve.errors import ConnectionLost
 from ttyserve.protocol.messages import Offsets
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180), pytest.mark.usefixtures("workers")]
 TOKEN = "resume-client-token"
 LINES = 6_000_000  # `seq 1 LINES`: 52.9 MB of numbered lines
 SEQ_BYTES = sum(len(str(n)) + 1 for n in range(1, LINES + 1))

@@ -19,7 +19,7 @@ from ttyserve.client import connect
 from ttyserve.exitcodes import ServeExit
 from ttyserve.server.journal import Reason, SessionEnd, read_file
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 def serve_fails(tmp: Path, *args: str) -> tuple[int, str]:

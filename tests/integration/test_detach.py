@@ -34,7 +34,7 @@ from ttyserve.protocol.messages import Attach, Detach, Offsets, Open, SessionInf
 from ttyserve.server.journal import SessionAttach, SessionDetach, SessionEnd, read_file
 from ttyserve.transport.streams import SocketTransport
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.05; done"
 TOKEN = "detach-token"
 SHORT_TIMEOUT = 2  # --detached-timeout of the tests of the timeout (indirect parameter)

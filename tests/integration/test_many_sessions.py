@@ -16,7 +16,7 @@ from helpers import SH, ServerProcess, ctrl, raw_peer, rss_kib, split_output, st
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open, parse_object
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("workers")]
 WINDOW = 1 << 20
 
 

@@ -27,7 +27,7 @@ from ttyserve.protocol.messages import Exit
 from ttyserve.server.journal import SessionStart, read_file
 from ttyserve.server.sessions.recording import Recording
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 Event = list[Any]  # [interval, code, data]
 

@@ -32,7 +32,7 @@ from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Attach, Hello, Offsets, Open, Ping, Release
 from ttyserve.transport.streams import PipeTransport
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "resume-token-for-tests"
 SCROLLBACK = 4096
 # Both streams, in an order the server reads them in (each line waits for the last).

@@ -34,7 +34,7 @@ from ttyserve.server.journal import (
     read_file,
 )
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "shared-token"
 MAX_OBSERVERS = 3
 SCROLLBACK = 64 * 1024

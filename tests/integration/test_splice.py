@@ -19,7 +19,7 @@ from helpers import ServerProcess, start_server
 from ttyserve.client import connect
 from ttyserve.transport.splice import CAN_SPLICE
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60),
+pytestmark = [pytest.mark.usefixtures("workers"), pytest.mark.asyncio, pytest.mark.timeout(60),
               pytest.mark.skipif(not CAN_SPLICE, reason="splice(2) is Linux's")]
 SIZE = 24 << 20
 TOKEN = "splice-token"

@@ -19,7 +19,7 @@ from ttyserve.client.dial import open_transport
 from ttyserve.errors import RequestError
 from ttyserve.protocol.messages import Hello, parse_object
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "s3cret-token-for-tests"
 
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from ttyserve.protocol.frames import FrameKind, encode_frame
 from ttyserve.protocol.messages import Open, Resize, Signal
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("workers")]
 RSS_GROWTH_LIMIT_KIB = 16 * 1024
 
 

@@ -35,7 +35,7 @@ from ttyserve.protocol.frames import FrameDecoder, FrameKind
 from ttyserve.protocol.messages import Cancel, Exit, Open
 from ttyserve.server.journal import Reason, SessionEnd, SessionStart, read_file
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 
 
 def starts(journal: Path) -> list[SessionStart]:

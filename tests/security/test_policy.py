@@ -11,7 +11,7 @@ from helpers import ServerProcess, start_server
 from ttyserve.client import run
 from ttyserve.errors import RequestError
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 @pytest.fixture

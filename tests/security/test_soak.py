@@ -24,7 +24,7 @@ SOAK_SECONDS = float(os.environ.get("TTYSERVE_SOAK_SECONDS", "15"))
 WORKERS = 8
 RSS_GROWTH_LIMIT_KIB = 24 * 1024
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.soak,
+pytestmark = [pytest.mark.usefixtures("workers"), pytest.mark.asyncio, pytest.mark.soak,
               pytest.mark.timeout(int(SOAK_SECONDS) + 120)]
 
 

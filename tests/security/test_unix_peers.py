@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import start_server
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 
 
 NOBODY_CLIENT = textwrap.dedent("""

@@ -30,7 +30,7 @@ from ttyserve.server.handover import MEMFD_NAME
 from ttyserve.server.journal import ServerUpgrade, SessionEnd, SessionStart, read_file
 from ttyserve.version import __version__
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ttyserve"
 NEW_VERSION = "9.9.9+upgraded"

@@ -33,7 +33,7 @@ from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import FrameDecoder, FrameKind, encode_frame
 from ttyserve.protocol.messages import Hello, Open, encode_message, parse_object
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
 TOKEN = "web-token-for-tests"
 
 
