@@ -112,6 +112,7 @@ class Hop:
         self.channels: set[int] = set()  # the client's channels it carries
         self._welcome = anyio.Event()
         self._answer: anyio.Event | None = None  # a request on channel 0 waits
+        self._attaching: anyio.Event | None = None  # an attach waits for its answer
         self._answered: Any = None
         self.error: Error | None = None  # how the far worker closed the link, if it said
         self.over = False
@@ -153,9 +154,15 @@ class Hop:
             except anyio.BrokenResourceError:
                 pass  # the reader sees the link end
 
-    def attach(self, channel: int, request: Attach) -> None:
+    async def attach(self, channel: int, request: Attach) -> bool:
+        """Send the client's `attach` on and wait for the answer, framed to the client by
+        then (its core answers requests in order); False when the link ended first."""
         self.channels.add(channel)
+        self._attaching = anyio.Event()
         self.send(self.core.open(channel, request))
+        await self._attaching.wait()
+        self._attaching = None
+        return not self.over or not self.core.opening(channel)
 
     def stdin(self, channel: int, data: Buffer) -> None:
         if self.core.live(channel):
@@ -198,8 +205,9 @@ class Hop:
         finally:
             self.over = True
             self._welcome.set()
-            if self._answer is not None:
-                self._answer.set()
+            for waiting in (self._answer, self._attaching):
+                if waiting is not None:
+                    waiting.set()
             self.outbox.abort()
             await self.transport.aclose()
             self.outbox.release()
@@ -221,10 +229,14 @@ class Hop:
 
     def _attached(self, event: AttachedReceived) -> None:
         self.host.core.attached(event.channel, event.attached)
+        if self._attaching is not None:
+            self._attaching.set()
 
     def _refused(self, event: OpenRefused) -> None:
         self.channels.discard(event.channel)
         self.host.core.refuse(event.channel, refusal(event.error))
+        if self._attaching is not None:
+            self._attaching.set()
 
     def _output(self, event: OutputReceived) -> None:
         self.host.core.send_output(event.channel, event.kind, event.data)

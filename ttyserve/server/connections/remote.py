@@ -104,7 +104,11 @@ class RemoteRequests:
             if self.remote is None:
                 self.remote = {}
             self.remote[channel] = hop
-            hop.attach(channel, request)
+            if not await hop.attach(channel, request):
+                self.remote.pop(channel, None)
+                self.core.refuse(channel, RequestError(
+                    ErrorCode.BUSY, f"worker {slot} stopped before it answered",
+                    retry_after_ms=250))
         return attach
 
     def remote_stdin(self, hop: Hop, channel: int, data: Buffer) -> Later | None:
