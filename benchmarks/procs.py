@@ -17,6 +17,7 @@ import struct
 import termios
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 READ_SIZE = 256 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -187,6 +188,28 @@ def rss_kib(pid: int) -> int:
 def fd_count(pid: int) -> int:
     """Open descriptors of ``pid`` (entries of /proc/PID/fd)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def children(pid: int) -> list[int]:
+    """The live children of ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if parent_pid(int(entry)) == pid:
+                    found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def is_server(pid: int) -> bool:
+    """Whether ``pid`` runs `ttyserve serve` (a worker, beside its supervisor)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"ttyserve" in b" ".join(argv) and b"serve" in argv
 
 
 def command_name(pid: int) -> str:

@@ -355,7 +355,9 @@ class TtyserveSystem(System):
         self.server.stop()
 
     def server_pids(self) -> list[int]:
-        return [self.server.pid]
+        """The server's processes: with workers, the supervisor and every worker."""
+        return [self.server.pid, *(pid for pid in procs.children(self.server.pid)
+                                   if procs.is_server(pid))]
 
     def _session(self, transport: str) -> WireSession:
         return WireSession(self.server.address(transport), self.server.token)
@@ -864,6 +866,17 @@ class RawCgroupSystem(RawSystem):
 
     def _reaped(self) -> None:
         self._cgroup.removed()
+
+
+class TtyserveOneWorkerSystem(TtyserveSystem):
+    """The same server as one process (`--workers 1`), beside `ttyserve`'s default (`auto`:
+    a supervisor and a worker per CPU)."""
+
+    name = "ttyserve-w1"
+    serve_extra = ("--workers", "1")
+
+    def unavailable(self) -> str | None:
+        return None if "--workers" in serve_flags() else "this ttyserve has no --workers"
 
 
 class TtyserveNoCgroupSystem(TtyserveSystem):

@@ -7,18 +7,21 @@ the `ttyserve` column with another column (a ratio) or with a fixed bound.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import procs
 from .procs import Usage, cpu_seconds, kill_group
 from .server import warm_far_side
 from .stats import Summary, median, number, percentile
-from .systems import NotApplicable, ScaleRun, System
+from .systems import NotApplicable, ScaleRun, System, now
 
 ECHO_ARGV = ["sh", "-c", "stty raw -echo && printf R && exec cat"]
 TARGET_SYSTEM = "ttyserve"
@@ -184,27 +187,114 @@ _DRAIN = ('{ [ "$(head -c 1000000 | wc -c)" -eq 1000000 ] && echo flowing'
 def measure_echo_flood(system: System, ctx: Context) -> dict[str, float]:
     """Echo as `measure_echo`, while another session of the same server streams
     /dev/zero as fast as its client (a separate process) takes it."""
+    with floods(system, ctx, 1):
+        return measure_echo(system, ctx)
+
+
+@contextlib.contextmanager
+def floods(system: System, ctx: Context, count: int) -> Iterator[None]:
+    """``count`` sessions of ``system`` flooding (`cat /dev/zero`, each drained by its own
+    client process) while the block runs; RuntimeError if one did not start or ended."""
     command = shlex.join(system.exec_command(FLOOD_ARGV, ctx.transport)) + " | " + _DRAIN
-    errors = Path(ctx.workdir) / "flood.stderr"
-    with open(errors, "wb") as stderr:
-        flood = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=stderr,
-                                 start_new_session=True)
+    running: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
-        assert flood.stdout is not None
-        if flood.stdout.readline() != b"flowing\n":
-            raise RuntimeError(f"the flood did not start (exit {flood.wait()}): "
-                               f"{errors.read_text(errors='replace')[-300:]}")
-        values = measure_echo(system, ctx)
-        if flood.poll() is not None:
-            raise RuntimeError(f"the flood ended during the measure (exit {flood.returncode}):"
-                               f" {errors.read_text(errors='replace')[-300:]}")
-        return values
+        for index in range(count):
+            errors = Path(ctx.workdir) / f"flood{index}.stderr"
+            with open(errors, "wb") as stderr:
+                flood = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=stderr,
+                                         start_new_session=True)
+            running.append((flood, errors))
+            assert flood.stdout is not None
+            if flood.stdout.readline() != b"flowing\n":
+                raise RuntimeError(f"the flood did not start (exit {flood.wait()}): "
+                                   f"{errors.read_text(errors='replace')[-300:]}")
+        yield
+        for flood, errors in running:
+            if flood.poll() is not None:
+                raise RuntimeError(f"a flood ended during the measure (exit "
+                                   f"{flood.returncode}): "
+                                   f"{errors.read_text(errors='replace')[-300:]}")
     finally:
-        kill_group(flood.pid)
-        flood.wait()
-        if flood.stdout is not None:
-            flood.stdout.close()
+        for flood, _ in running:
+            kill_group(flood.pid)
+            flood.wait()
+            if flood.stdout is not None:
+                flood.stdout.close()
+
+
+# --- 3b. Every core (`serve --workers`) ----------------------------------------------
+
+
+def client_counts() -> list[int]:
+    """How many clients at once: 1, 4, 8 and 16 where the cores allow (2 where that is all
+    this machine has)."""
+    cores = len(os.sched_getaffinity(0))
+    return [n for n in (1, 2, 4, 8, 16) if n <= cores and (n != 2 or cores < 4)]
+
+
+def flood_counts() -> list[int]:
+    """Sessions flooding beside the echo: 0, 3, 7 and 15 with 16 cores; fewer with fewer."""
+    cores = len(os.sched_getaffinity(0))
+    return [n for n in (0, 1, 3, 7, 15) if n < max(cores, 2) * 2 and (n != 1 or cores < 4)]
+
+
+def in_processes(count: int, work: Callable[[], float]) -> list[float]:
+    """``work`` in ``count`` forked processes at once; what each returned."""
+    children = []
+    for _ in range(count):
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its result, then out without the parent's clean-up
+            code = 1
+            try:
+                os.close(reader)
+                os.write(writer, repr(work()).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(writer)
+        children.append((pid, reader))
+    results = []
+    for pid, reader in children:
+        with os.fdopen(reader, "rb") as answer:
+            said = answer.read()
+        if procs.wait_status(pid) != 0 or not said:
+            raise RuntimeError("a client process failed")
+        results.append(float(said))
+    return results
+
+
+def measure_cores(system: System, ctx: Context) -> dict[str, float]:
+    """N clients at once: sequential `true` sessions (a new connection each), and N pipe
+    streams of `head -c SIZE /dev/zero`; the rate, the MB/s and the server's cores busy."""
+    values: dict[str, float] = {}
+    count, size = ctx.sizes.sessions, ctx.sizes.pipe_bytes // 2
+    for n in client_counts():
+        before, start = server_cpu(system), now()
+        in_processes(n, lambda: system.sessions(["true"], count, "unix").seconds)
+        elapsed = now() - start
+        values[f"rate_{n}"] = n * count / elapsed
+        if before is not None and (after := server_cpu(system)) is not None:
+            values[f"cpu_rate_{n}"] = (after - before) / elapsed
+        before, start = server_cpu(system), now()
+        in_processes(n, lambda: system.exec_stream(
+            ["head", "-c", str(size), "/dev/zero"], "unix").seconds)
+        elapsed = now() - start
+        values[f"mbps_{n}"] = n * size / elapsed / MB
+        if before is not None and (after := server_cpu(system)) is not None:
+            values[f"cpu_mbps_{n}"] = (after - before) / elapsed
+    return values
+
+
+def measure_echo_floods(system: System, ctx: Context) -> dict[str, float]:
+    """The keystroke echo with 0, 3, 7, 15 other sessions of the server flooding."""
+    values: dict[str, float] = {}
+    for count in flood_counts():
+        with floods(system, ctx, count):
+            echo = measure_echo(system, ctx)
+        values[f"p50_us_{count}"], values[f"p99_us_{count}"] = echo["p50_us"], echo["p99_us"]
+    return values
 
 
 # --- 4. Session rate -------------------------------------------------------------
@@ -431,7 +521,11 @@ def measure_resume(system: System, ctx: Context) -> dict[str, float]:
 
 
 PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
+# The rows one client makes, where `--workers auto` (ttyserve's default) must not be worse
+# than one process (ttyserve-w1).
+ONE_CLIENT = ("raw", "ttyserve", "ttyserve-w1", *PEERS[2:])
 ALL_SYSTEMS = (*PEERS, "ttyserve-resume",  # (compared only with ttyserve-lib)
+               "ttyserve-w1",  # (one process: beside `ttyserve`, whose default is auto)
                "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
                "ttyserve-unobserved", "ttyserve-observed",  # (observers' cost: each other)
                "ttyserve-stalled")
@@ -442,13 +536,13 @@ WORKLOADS = [
         [Metric("mbps", "MB/s", True)],
         [Target("mbps", ">=", 0.9, "raw"),
          Target("mbps", ">=", 0.8, "ttyserve-lib", system="ttyserve-ws")],
-        PEERS, measure_pty_output, prepare=make_text_file),
+        ONE_CLIENT, measure_pty_output, prepare=make_text_file),
     Workload(
         "pipe_output", "Pipe output: head -c SIZE /dev/zero in pipe mode",
         [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB")],
         [Target("mbps", ">=", 0.4, "raw"), Target("mbps", ">=", 10, "asyncssh"),
          Target("mbps", ">=", 0.8, "ttyserve-lib", system="ttyserve-ws")],
-        PEERS, measure_pipe_output),
+        ONE_CLIENT, measure_pipe_output),
     Workload(
         "echo", "Keystroke echo: 1-byte writes to cat under a raw PTY",
         [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
@@ -456,12 +550,12 @@ WORKLOADS = [
          Target("p50_us", "<=", 2.5, "raw"), Target("p99_us", "<=", 0.5, "asyncssh"),
          Target("p99_us", "<", 1, "openssh"),
          Target("p50_us", "<=", 1.3, "ttyserve-lib", system="ttyserve-ws")],
-        PEERS, measure_echo),
+        ONE_CLIENT, measure_echo),
     Workload(
         "echo_flood", "Keystroke echo while another session of the same server floods output",
         [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
         [Target("p99_us", "<=", 0.5, "asyncssh"), Target("p99_us", "<", 1, "openssh")],
-        ("raw", "ttyserve", "asyncssh", "openssh"), measure_echo_flood),
+        ("raw", "ttyserve", "ttyserve-w1", "asyncssh", "openssh"), measure_echo_flood),
     Workload(
         "session_rate", "Session rate: sequential `true` sessions, a new connection each",
         [Metric("rate_unix", "sessions/s unix", True), Metric("p50_ms_unix", "p50 ms unix"),
@@ -471,7 +565,7 @@ WORKLOADS = [
         [Target("rate_unix", ">=", 0.6, "raw"), Target("rate_tcp", ">=", 0.6, "raw"),
          Target("rate_mux", ">=", 0.75, "raw"),
          Target("rate_tcp", ">=", 4, "asyncssh")],
-        PEERS, measure_session_rate),
+        ONE_CLIENT, measure_session_rate),
     Workload(
         "scale", "Scale: N concurrent PTY sessions on one server",
         [Metric("rss_kib_per_session", "server RSS KiB/session"), Metric("fds", "server fds"),
@@ -480,7 +574,7 @@ WORKLOADS = [
          Metric("open_rate", "opens/s", True)],
         [Target("rss_kib_per_session", "<=", 20), Target("echo_p50_ms", "<", 20)],
         # Not OpenSSH: a client and two sshd processes per session, 1,000 do not open in 90 s.
-        ("raw", "ttyserve", "asyncssh"), measure_scale, fresh_server_per_rep=True,
+        ("raw", "ttyserve", "ttyserve-w1", "asyncssh"), measure_scale, fresh_server_per_rep=True,
         reps=3),
     Workload(
         "scale_pipes", "Scale: `cat` sessions in pipe mode on multiplexed connections "
@@ -557,6 +651,29 @@ WORKLOADS = [
         [Target("first_byte_ms", "<", 200, system="ttyserve-resume")],
         ("ttyserve-resume",), measure_resume),
 ]
+
+WORKLOADS.append(Workload(
+    "cores", "Every core: N clients at once, each running sequential `true` sessions (a new "
+             "connection each), then each streaming `head -c SIZE/2 /dev/zero` in pipe mode "
+             "(raw: N local spawn loops, N local pipes); ttyserve as `--workers auto` and 1",
+    [m for n in client_counts() for m in (
+        Metric(f"rate_{n}", f"sessions/s, {n} clients", True),
+        Metric(f"cpu_rate_{n}", f"server cores busy, {n} clients' sessions"),
+        Metric(f"mbps_{n}", f"MB/s, {n} streams", True),
+        Metric(f"cpu_mbps_{n}", f"server cores busy, {n} streams"))],
+    [Target(f"rate_{client_counts()[-1]}", ">=", 0.5, "raw"),
+     Target(f"mbps_{client_counts()[-1]}", ">=", 0.6, "raw")],
+    ("raw", "ttyserve", "ttyserve-w1"), measure_cores, reps=3))
+
+WORKLOADS.append(Workload(
+    "echo_floods", "Keystroke echo through `cat` with 0, 3, 7, 15 other sessions of the server "
+                   "flooding (`cat /dev/zero`, each drained by its own client process; raw: "
+                   "local floods); ttyserve as `--workers auto` and 1",
+    [m for n in flood_counts() for m in (
+        Metric(f"p50_us_{n}", f"p50 us, {n} flooding"),
+        Metric(f"p99_us_{n}", f"p99 us, {n} flooding"))],
+    [Target(f"p99_us_{flood_counts()[-1]}", "<=", 1, "openssh")],
+    ("raw", "ttyserve", "ttyserve-w1", "openssh"), measure_echo_floods, reps=3))
 
 WORKLOADS.append(Workload(
     "containment", "Containment's cost: sequential `true` sessions with --cgroup auto (ttyserve) "

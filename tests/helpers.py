@@ -182,6 +182,21 @@ class ServerProcess:
         """The server's pid: its supervisor's with workers (the one for signals)."""
         return self.proc.pid
 
+    def pids(self) -> list[int]:
+        """Every process of the server: the supervisor and its workers, or the one."""
+        workers = self.worker_pids()
+        return workers if workers == [self.proc.pid] else [self.proc.pid, *workers]
+
+    def session_children(self) -> list[int]:
+        """The children of the processes that run sessions (sessions, and nothing else)."""
+        return [pid for worker in self.worker_pids() for pid in children_of(worker)]
+
+    def open_fds(self) -> int:
+        return sum(open_fds(pid) for pid in self.pids())
+
+    def rss_kib(self) -> int:
+        return sum(rss_kib(pid) for pid in self.pids())
+
     def worker_pids(self) -> list[int]:
         """The processes that run sessions: the workers, or the server itself."""
         workers = [pid for pid in children_of(self.proc.pid)
@@ -332,6 +347,12 @@ def _cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     except OSError:
         return []
+
+
+def parent_of(pid: int) -> int:
+    fields = _stat_fields(str(pid))
+    assert fields is not None, f"process {pid} is gone"
+    return int(fields[1])
 
 
 def children_of(ppid: int) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from conftest import alive, tree, writable_cgroup
-from helpers import SH, start_server, ttyserve_command, wait_until
+from helpers import SH, parent_of, start_server, ttyserve_command, wait_until
 
 from ttyserve.backends.cgroups import BASE_NAME, cgroup_of, instance_name
 from ttyserve.client import connect
@@ -107,9 +107,13 @@ async def test_auto_puts_each_server_in_a_directory_of_its_own(tmp_path: Path) -
         for server in servers:
             own = cgroup_of(server.pid)
             assert own is not None
-            _, cgroup = await session_cgroup(server.addresses[0], ["sleep", "1000"])
-            root = os.path.dirname(cgroup)
-            assert root == os.path.join(own, BASE_NAME, str(instance_name(server.pid)))
+            pid, cgroup = await session_cgroup(server.addresses[0], ["sleep", "1000"])
+            root = os.path.join(own, BASE_NAME, str(instance_name(server.pid)))
+            # The server's directory holds its sessions' cgroups; with workers, a directory
+            # per worker holds its own.
+            worker = parent_of(pid)
+            assert os.path.dirname(cgroup) == (root if worker == server.pid else os.path.join(
+                root, str(instance_name(worker))))
             roots.append(root)
         assert roots[0] != roots[1]
     finally:
@@ -122,7 +126,7 @@ async def test_off_leaves_sessions_in_the_servers_cgroup(short_dir: Path) -> Non
     server = start_server(short_dir, "--cgroup=off")
     try:
         pid, cgroup = await session_cgroup(server.addresses[0], ["sleep", "1000"])
-        assert cgroup == cgroup_of(server.pid)
+        assert cgroup == cgroup_of(parent_of(pid))
     finally:
         assert server.stop() == ServeExit.OK
     assert not alive(pid)

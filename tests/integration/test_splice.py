@@ -59,7 +59,7 @@ EXPECTED = random.Random(7).randbytes(SIZE)
 async def test_pipe_output_is_spliced_only_into_a_unix_socket_and_arrives_whole(
         server: ServerProcess, listener: int, detachable: bool, spliced: bool,
         window: int | None) -> None:
-    before = rchar(server.pid)
+    before = sum(rchar(pid) for pid in server.worker_pids())
     async with connect(server.addresses[listener], token=TOKEN, multiplex=True,
                        window=window) as conn:
         session = await conn.spawn(PRODUCER, pty=False, detachable=detachable)
@@ -67,7 +67,7 @@ async def test_pipe_output_is_spliced_only_into_a_unix_socket_and_arrives_whole(
         while (chunk := await session.receive()) is not None:
             received += chunk.data
         status = await session.wait()
-    read = rchar(server.pid) - before
+    read = sum(rchar(pid) for pid in server.worker_pids()) - before
     assert status.code == 0, status
     assert received == EXPECTED
     if spliced:

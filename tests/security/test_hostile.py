@@ -18,10 +18,7 @@ import pytest
 from helpers import (
     HELLO,
     ServerProcess,
-    children_of,
     ctrl,
-    open_fds,
-    rss_kib,
     start_server,
 )
 from hypothesis import HealthCheck, given, settings
@@ -81,14 +78,14 @@ class Footprint:
         self.server = server
         good_client_works(server)  # warm up whatever the first session allocates
         self.fds = self.settle_fds(None)
-        self.rss = rss_kib(server.pid)
+        self.rss = server.rss_kib()
 
     def settle_fds(self, expected: int | None) -> int:
         deadline = time.monotonic() + 10
-        count = open_fds(self.server.pid)
+        count = self.server.open_fds()
         while (expected is None or count != expected) and time.monotonic() < deadline:
             time.sleep(0.05)  # connections close on the server's own schedule
-            previous, count = count, open_fds(self.server.pid)
+            previous, count = count, self.server.open_fds()
             if expected is None and count == previous:
                 break
         return count
@@ -97,10 +94,10 @@ class Footprint:
         good_client_works(self.server)
         assert self.settle_fds(self.fds) == self.fds
         deadline = time.monotonic() + 5
-        while children_of(self.server.pid) and time.monotonic() < deadline:
+        while self.server.session_children() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert children_of(self.server.pid) == []
-        assert rss_kib(self.server.pid) - self.rss < RSS_GROWTH_LIMIT_KIB
+        assert self.server.session_children() == []
+        assert self.server.rss_kib() - self.rss < RSS_GROWTH_LIMIT_KIB
 
 
 def test_a_thousand_silent_connections(server: ServerProcess) -> None:

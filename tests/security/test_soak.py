@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import SH, children_of, open_fds, rss_kib, start_server
+from helpers import SH, start_server
 
 from ttyserve.client import connect, run
 from ttyserve.errors import ConnectionLost
@@ -65,7 +65,7 @@ async def test_soak(short_dir: Path) -> None:
         address = server.addresses[0]
         await run(["true"], address=address)
         await anyio.sleep(0.5)
-        fds, rss = open_fds(server.pid), rss_kib(server.pid)
+        fds, rss = server.open_fds(), server.rss_kib()
         counts: dict[str, int] = {}
         deadline = time.monotonic() + SOAK_SECONDS
 
@@ -79,11 +79,11 @@ async def test_soak(short_dir: Path) -> None:
                 tg.start_soon(worker, seed)
 
         with anyio.move_on_after(10):
-            while children_of(server.pid) or open_fds(server.pid) != fds:
+            while server.session_children() or server.open_fds() != fds:
                 await anyio.sleep(0.05)  # cancelled sessions finish their SIGKILL grace
-        assert children_of(server.pid) == []
-        assert open_fds(server.pid) == fds
-        assert rss_kib(server.pid) - rss < RSS_GROWTH_LIMIT_KIB
+        assert server.session_children() == []
+        assert server.open_fds() == fds
+        assert server.rss_kib() - rss < RSS_GROWTH_LIMIT_KIB
         assert sum(counts.values()) > WORKERS
     finally:
         assert server.stop() == ServeExit.OK

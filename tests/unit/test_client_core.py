@@ -161,7 +161,7 @@ def test_stdin_credit_waits_for_welcome_and_grants() -> None:
     core.stdin(1, b"x" * 50)
     with pytest.raises(LocalProtocolError, match="exceed its credit"):
         core.stdin(1, b"y")
-    assert feed(core, out(1, Window(bytes=20))) == [StdinCreditGranted(1)]
+    assert feed(core, out(1, Window(bytes=20))) == [StdinCreditGranted(1, 20)]
     assert core.stdin_credit(1) == 20
 
 

@@ -30,12 +30,12 @@ LAYERS = [
 # sessions of the server, one connection, and the server itself.
 SERVER_LAYERS = [
     {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "policy",
-     "settings", "config"},
+     "settings", "config", "mesh"},
     {"sessions"},
     {"channels"},
     {"registry"},
     {"connections"},
-    {"listener", "upgrade", "__init__"},
+    {"listener", "upgrade", "supervisor", "__init__"},
 ]
 
 

@@ -259,7 +259,7 @@ def test_output_credit_is_spent_granted_and_never_overdrawn() -> None:
     assert core.output_credit(1) == 40
     with pytest.raises(LocalProtocolError, match="exceed its credit"):
         core.send_output(1, FrameKind.STDERR, b"y" * 41)  # STDOUT and STDERR share it
-    assert events(core, ctrl(1, Window(bytes=10))) == [CreditGranted(1)]
+    assert events(core, ctrl(1, Window(bytes=10))) == [CreditGranted(1, 10)]
     assert core.output_credit(1) == 50
     core.send_output(1, FrameKind.STDERR, b"y" * 50)
     assert core.output_credit(1) == 0
@@ -275,7 +275,7 @@ def test_window_bytes_is_validated_strictly_and_the_session_goes_on(value: objec
     (channel, reply), = controls(core)
     assert (channel, reply["code"]) == (1, "bad_request")
     assert core.output_credit(1) == 100  # no credit added
-    assert events(core, ctrl(1, Window(bytes=(1 << 31) - 1))) == [CreditGranted(1)]
+    assert events(core, ctrl(1, Window(bytes=(1 << 31) - 1))) == [CreditGranted(1, (1 << 31) - 1)]
     assert core.output_credit(1) == 100 + (1 << 31) - 1
 
 

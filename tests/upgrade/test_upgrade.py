@@ -18,7 +18,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import SH, ServerProcess, control_of, ctrl, raw_peer, start_server, wait_until
+from helpers import (
+    SH,
+    ServerProcess,
+    control_of,
+    ctrl,
+    parent_of,
+    raw_peer,
+    start_server,
+    wait_until,
+)
 
 from ttyserve.client import connect
 from ttyserve.client.session import Lost, Resumed, Session
@@ -80,6 +89,14 @@ def descriptors(pid: int) -> collections.Counter[str]:
     return kinds
 
 
+def held(server: ServerProcess) -> collections.Counter[str]:
+    """`descriptors` of the processes that hold sessions (the workers, or the server)."""
+    total: collections.Counter[str] = collections.Counter()
+    for pid in server.worker_pids():
+        total += descriptors(pid)
+    return total
+
+
 def journal_of(short_dir: Path) -> list[object]:
     return list(read_file(str(short_dir / "journal")).records)
 
@@ -93,23 +110,29 @@ async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
     address = served.addresses[0]
     env = {"STOP": str(tmp_path / "stop"), "GO": str(tmp_path / "go"),
            "GO2": str(tmp_path / "go2")}
-    sockets = descriptors(served.pid)["socket"]  # no client connected yet
-    async with connect(address, multiplex=True) as conn:
-        idle = [await conn.spawn(["cat"], pty=True, detachable=True) for _ in range(IDLE_PTY)]
+    sockets = held(served)["socket"]  # no client connected yet
+    # Two connections: with workers, they are served by different ones, and so are their
+    # sessions (the second's idle PTYs, the first's idle pipes, an echo on each).
+    async with connect(address, multiplex=True) as conn, \
+            connect(address, multiplex=True) as other:
+        idle = [await other.spawn(["cat"], pty=True, detachable=True) for _ in range(IDLE_PTY)]
         idle += [await conn.spawn(["cat"], pty=False, detachable=True) for _ in range(IDLE_PIPE)]
         counter = await conn.spawn([SH, "-c", COUNTER], pty=False, detachable=True, env=env)
-        echoes = [await conn.spawn(["cat"], pty=pty, detachable=True) for pty in (True, False)]
+        echoes = [await c.spawn(["cat"], pty=pty, detachable=True)
+                  for c, pty in ((conn, True), (other, False))]
         early = await conn.spawn([SH, "-c", EXITS_WHEN.format(delay=0, code=42)], pty=True,
                                  detachable=True, env=env)
-        late = await conn.spawn(
+        late = await other.spawn(
             [SH, "-c", EXITS_WHEN.replace("$GO", "$GO2").format(delay=INTO_THE_EXECVE, code=43)],
             pty=False, detachable=True, env=env)
         ids = {s.id: s.pid for s in [*idle, counter, *echoes, early, late]}
         for session in [*idle, counter, *echoes, early, late]:
             await session.detach()
     assert len(ids) == 20 and None not in ids
-    assert await wait_until(lambda: descriptors(served.pid)["socket"] == sockets, 5)
-    quiet = descriptors(served.pid)  # all 20 running, no client connected
+    parents = {parent_of(pid or 0) for pid in ids.values()}
+    assert parents == set(served.worker_pids())  # (one process, or both workers)
+    assert await wait_until(lambda: held(served)["socket"] == sockets, 5)
+    quiet = held(served)  # all 20 running, no client connected
 
     set_version(install, NEW_VERSION)
     events: list[Lost | Resumed] = []
@@ -157,8 +180,8 @@ async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
     ended = collections.Counter({"pipe": 6, "/dev/ptmx": 1, "anon_inode:[pidfd]": 3,
                                  str(short_dir / "casts" / f"{early.id}.cast"): 1})
     expected = quiet - ended
-    assert await wait_until(lambda: descriptors(served.pid) == expected, 5), (
-        f"more: {descriptors(served.pid) - expected}, fewer: {expected - descriptors(served.pid)}")
+    assert await wait_until(lambda: held(served) == expected, 5), (
+        f"more: {held(served) - expected}, fewer: {expected - held(served)}")
 
     async with connect(address, multiplex=True) as conn:
         listed = {info.session: info for info in await conn.list_sessions()}

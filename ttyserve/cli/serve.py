@@ -27,7 +27,7 @@ from ..server.auth import stdio_peer
 from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
 from ..server.listener import Server
-from ..server.mesh import STOP, UPGRADE, WORKER_ENV, Mesh, WorkerSpec
+from ..server.mesh import STOP, UPGRADE, WORKER_ENV, Mesh, WorkerSpec, die_with_supervisor
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
 from ..server.supervisor import READY, REFUSED, UPGRADED, Supervisor, report
@@ -408,6 +408,7 @@ def serve_main(config: ServerSettings) -> int:
         return ServeExit.ERROR
     spec = worker_spec()
     if spec is not None:  # (its own stderr lines say which worker wrote them)
+        die_with_supervisor(spec.supervisor)
         logging.getLogger().handlers[0].setFormatter(
             logging.Formatter(f"ttyserve[worker {spec.slot}]: %(message)s"))
     return anyio.run(_serve, config, handed, spec)

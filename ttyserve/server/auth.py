@@ -13,6 +13,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..errors import ErrorCode, RequestError
 from .grants import Grant, Grants
@@ -95,6 +96,17 @@ def token_matches(expected: str, offered: str | None) -> bool:
     return hmac.compare_digest(expected.encode(), (offered or "").encode())
 
 
+def delay_after(failures: int) -> float:
+    """How long a peer's next hello waits after ``failures`` recent failures."""
+    excess = failures - FREE_FAILURES
+    return 0.0 if excess < 0 else min(MAX_DELAY, 0.5 * 2.0**excess)
+
+
+class Throttle(Protocol):
+    def delay(self, peer: Peer) -> float: ...
+    def failed(self, peer: Peer) -> None: ...
+
+
 class AuthThrottle:
     """Counts failed hellos per peer and says how long to make the next answer wait."""
 
@@ -112,8 +124,7 @@ class AuthThrottle:
 
     def delay(self, peer: Peer) -> float:
         """Seconds to wait before answering this peer's hello: 0 until it guessed too often."""
-        excess = len(self._recent(peer.key, time.monotonic())) - FREE_FAILURES
-        return 0.0 if excess < 0 else min(MAX_DELAY, 0.5 * 2.0**excess)
+        return delay_after(len(self._recent(peer.key, time.monotonic())))
 
     def failed(self, peer: Peer) -> None:
         now = time.monotonic()
@@ -128,9 +139,10 @@ class AuthThrottle:
 class Gate:
     """The access rules and the throttle of one server: `delay`, then `admit`."""
 
-    def __init__(self, access: Access) -> None:
+    def __init__(self, access: Access, throttle: Throttle | None = None) -> None:
+        """``throttle``: one the server's workers share (mesh.py), or this process's own."""
         self.access = access
-        self.throttle = AuthThrottle()
+        self.throttle = throttle or AuthThrottle()
 
     def delay(self, peer: Peer) -> float:
         """Seconds to hold this peer's `hello` before answering it."""

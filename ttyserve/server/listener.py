@@ -82,7 +82,7 @@ class Server:
         self.dispatched: tuple[socket.socket, list[Address]] | None = None
         self.on_command: Callable[[str], None] | None = None
         self._accepting: Tasks | None = None  # where a dispatched connection is served
-        self.gate = Gate(settings.access)
+        self.gate = Gate(settings.access, mesh.census.throttle if mesh is not None else None)
         self.handlers: set[ConnectionHandler] = set()
         self.reap_orphans = reap_orphans
         self.tls = tls

@@ -10,13 +10,18 @@ client's identity, so the far worker admits, journals and counts as for the clie
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import hmac
 import mmap
 import os
+import signal
+import sys
+import time
 
 import msgspec
 
-from .auth import Peer
+from .auth import WINDOW, Peer, delay_after
 from .handover import ListenerState
 
 WORKER_ENV = "TTYSERVE_WORKER"  # a worker's WorkerSpec, as JSON
@@ -31,6 +36,7 @@ class WorkerSpec(msgspec.Struct, kw_only=True):
 
     slot: int
     workers: int
+    supervisor: int  # its pid
     listeners: list[ListenerState]
     link_dir: str
     secret: str  # hex: what a link's first line must carry
@@ -40,6 +46,19 @@ class WorkerSpec(msgspec.Struct, kw_only=True):
     journal_path: str | None = None
     containment_base: str | None = None  # the supervisor's cgroup directory
     token: str | None = None  # the web listeners' token the supervisor made
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_supervisor(supervisor: int) -> None:
+    """A worker dies with its supervisor (SIGKILL when it goes): a server killed hard is
+    gone whole, and the next one's recovery finds all it left, as after a single process.
+    Raises SystemExit when the supervisor is gone already."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != supervisor:
+        raise SystemExit("the supervisor is gone")
 
 
 class LinkHello(msgspec.Struct, kw_only=True):
@@ -58,25 +77,34 @@ class LinkHello(msgspec.Struct, kw_only=True):
         return Peer(self.transport, self.host, self.uid, self.pid)
 
 
+THROTTLE_SLOTS = 4096  # peers whose failed hellos every worker counts together
+
+
+def _census_size(workers: int) -> int:
+    return (2 * workers + 3 * THROTTLE_SLOTS) * 8
+
+
 class Census:
-    """Sessions and connections per worker, in memory every worker maps: each writes its own
-    slot (one aligned 8-byte store) and reads the sum, so the server's limits hold for the
-    whole server. An admission counts itself first and then checks, so racing workers may
-    both refuse at the limit, never both pass it."""
+    """Sessions and connections per worker, and failed hellos per peer, in memory every
+    worker maps: each writes its own slot of the counts (one aligned 8-byte store) and
+    reads the sum, so the server's limits hold for the whole server. An admission counts
+    itself first and then checks, so racing workers may both refuse at the limit, never
+    both pass it."""
 
     SESSIONS, CONNECTIONS = 0, 1
 
     def __init__(self, fd: int, workers: int, slot: int) -> None:
-        self._map = mmap.mmap(fd, 2 * workers * 8)
+        self._map = mmap.mmap(fd, _census_size(workers))
         self._counts = memoryview(self._map).cast("q")
         self.workers = workers
         self.slot = slot
+        self.throttle = SharedThrottle(self._counts[2 * workers:])
 
     @staticmethod
     def create(workers: int) -> int:
         """A new, zeroed census for ``workers`` workers: its descriptor."""
         fd = os.memfd_create("ttyserve-census", os.MFD_CLOEXEC)
-        os.ftruncate(fd, 2 * workers * 8)
+        os.ftruncate(fd, _census_size(workers))
         return fd
 
     def publish(self, kind: int, count: int) -> None:
@@ -92,6 +120,39 @@ class Census:
         """A worker died: its counts go (the supervisor's)."""
         for kind in (self.SESSIONS, self.CONNECTIONS):
             self._counts[kind * self.workers + slot] = 0
+
+
+class SharedThrottle:
+    """auth.py's throttle for every worker at once: a peer's failed hellos in the current
+    window of WINDOW seconds (a fixed window, not a sliding one; a count two workers raise
+    at the same instant may lose one), in a table of THROTTLE_SLOTS where a newer peer
+    takes an older one's slot."""
+
+    def __init__(self, table: memoryview) -> None:
+        self._table = table  # key, window start (ns, CLOCK_MONOTONIC: one clock for all), count
+
+    def _slot(self, peer: Peer) -> tuple[int, int]:
+        digest = hashlib.blake2b(peer.key.encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "big", signed=True) or 1
+        return 3 * (key % THROTTLE_SLOTS), key
+
+    def _recent(self, peer: Peer, now: int) -> tuple[int, int]:
+        at, key = self._slot(peer)
+        table = self._table
+        if table[at] != key or now - table[at + 1] > WINDOW * 1e9:
+            return at, 0
+        return at, table[at + 2]
+
+    def delay(self, peer: Peer) -> float:
+        return delay_after(self._recent(peer, time.monotonic_ns())[1])
+
+    def failed(self, peer: Peer) -> None:
+        now = time.monotonic_ns()
+        at, count = self._recent(peer, now)
+        table = self._table
+        if count == 0:
+            table[at], table[at + 1] = self._slot(peer)[1], now
+        table[at + 2] = count + 1
 
 
 class Mesh:

@@ -138,7 +138,8 @@ class Supervisor:
     def _spec(self, slot: int, control: socket.socket) -> WorkerSpec:
         journal = self.journal
         return WorkerSpec(
-            slot=slot, workers=self.count, link_dir=self._link_dir, secret=self._secret,
+            slot=slot, workers=self.count, supervisor=os.getpid(), link_dir=self._link_dir,
+            secret=self._secret,
             listeners=[ListenerState(requested=str(asked), address=str(bound), fd=-1)
                        for asked, bound, _ in self.listeners],
             control_fd=control.fileno(), census_fd=self._census_fd,

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from ...transport.streams import Buffer
 
 
+LINK_LET_GO = 0.5  # seconds a writer attached over a link has to let go (requests.py)
+
+
 class RemoteRequests:
     """The handler's hops, and its requests that go over them."""
 

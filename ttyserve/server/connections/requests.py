@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from typing import cast
 
+import anyio
+
 from ...errors import ErrorCode, RequestError
 from ...protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
 from ...protocol.server import (
@@ -30,7 +32,7 @@ from ..grants import Grant
 from ..journal import SessionAttach, SessionDetach
 from ..registry.registry import SessionRegistry
 from ..sessions.session import ServerSession
-from .remote import RemoteRequests
+from .remote import LINK_LET_GO, RemoteRequests
 from .waits import Later
 
 
@@ -105,7 +107,7 @@ class SessionRequests(RemoteRequests):
             attachment.released = True
             session.cancel()
 
-    def attach_requested(self, event: AttachRequested) -> Later | None:
+    def attach_requested(self, event: AttachRequested, patient: bool = True) -> Later | None:
         """Take over a detachable session, or watch it (section 11): `attached`, its
         scrollback, then live output; over a hop where it lives in another worker."""
         request, channel = event.request, event.channel
@@ -115,6 +117,9 @@ class SessionRequests(RemoteRequests):
             session = self.registry.attach(request, self.principal, len(self.attachments),
                                            self.grant)
         except RequestError as exc:
+            if patient and exc.code == ErrorCode.SESSION_IN_USE and self._held_by_link(
+                    request.session):
+                return functools.partial(self._attach_once_let_go, event)
             self.core.refuse(channel, exc)
             return None
         grant = self.grant.id if self.grant is not None else None
@@ -129,6 +134,22 @@ class SessionRequests(RemoteRequests):
         self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
                                 grant=grant)
         return None
+
+    def _held_by_link(self, session_id: str) -> bool:
+        """Whether the session's writer came over a link from another worker."""
+        session = self.registry.sessions.get(session_id)
+        sink = session.sink if session is not None else None
+        return bool(getattr(getattr(sink, "host", None), "link", False))
+
+    async def _attach_once_let_go(self, event: AttachRequested) -> None:
+        """An attach that meets a writer from another worker: a client that has just left
+        that worker's connection and come back here may be quicker than the news of its
+        leaving (the link's end), which it would meet as `session_in_use` where a single
+        process would not; such a writer is given LINK_LET_GO seconds to let go."""
+        deadline = anyio.current_time() + LINK_LET_GO
+        while self._held_by_link(event.request.session) and anyio.current_time() < deadline:
+            await anyio.sleep(LINK_LET_GO / 50)
+        self.attach_requested(event, patient=False)
 
     def share_requested(self, event: ShareRequested) -> Later | None:
         if (slot := self.elsewhere(event.request.session)) is not None:
