@@ -221,10 +221,25 @@ class ServerProcess:
                 self.proc.stdout.close()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        """Signal the server (unless it already exited) and return its exit code."""
+        """Signal the server (unless it already exited) and return its exit code. Workers
+        its death left (SIGKILL: they die with it, our children by then, as subreaper) are
+        reaped here: no zombie outlives the test."""
+        workers = [] if self.proc.poll() is not None else [
+            pid for pid in self.worker_pids() if pid != self.proc.pid]
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.wait(timeout)
+        code = self.wait(timeout)
+        deadline = time.monotonic() + timeout
+        for pid in workers:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                        break
+                except ChildProcessError:  # reaped by the supervisor, or not ours
+                    if not os.path.exists(f"/proc/{pid}"):
+                        break
+                time.sleep(0.01)
+        return code
 
 
 def ttyserve_command(*args: str) -> list[str]:

@@ -23,7 +23,6 @@ from helpers import (
     ServerProcess,
     children_of,
     kill_group,
-    rss_kib,
     start_server,
     wait_until,
 )
@@ -57,7 +56,7 @@ async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
 
 def end_server(server: ServerProcess) -> None:
     """The server and every session it started, killed (a page test may leave a shell)."""
-    groups = children_of(server.pid)
+    groups = server.session_children()
     server.stop(signal.SIGKILL) if server.proc.poll() is None else None
     for group in groups:
         kill_group(group)
@@ -100,7 +99,7 @@ async def test_resizing_the_page_resizes_the_terminal(short_dir: Path) -> None:
 
 def sleeping(server: ServerProcess) -> bool:
     """Whether the session's shell runs a `sleep` (in a job of its own, under job control)."""
-    for shell in children_of(server.pid):
+    for shell in server.session_children():
         for pid in children_of(shell):
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
@@ -128,14 +127,14 @@ async def test_a_flood_finishes_and_the_page_stays_responsive(short_dir: Path) -
 
 async def test_50_mb_to_the_page_with_bounded_server_memory(short_dir: Path) -> None:
     async with page(short_dir) as (browser, server):
-        baseline = rss_kib(server.pid)
+        baseline = server.rss_kib()
         await run_line(browser, "head -c 50000000 /dev/zero | tr '\\0' 'y' | fold -w 199; "
                                 "echo; echo fifty-done")
         peak, in_flight, window = baseline, 0, await browser.evaluate(
             "ttyserve.connection.window")
         with anyio.fail_after(100):
             while not re.search(r"(?m)^fifty-done$", await browser.screen_text()):
-                peak = max(peak, rss_kib(server.pid))
+                peak = max(peak, server.rss_kib())
                 in_flight = max(in_flight, await browser.evaluate(
                     "ttyserve.session.bytesReceived - ttyserve.session.bytesConsumed"))
                 await anyio.sleep(0.05)  # sampling while the page renders
@@ -173,7 +172,7 @@ async def test_a_killed_server_shows_connection_lost_once_reattaching_fails(
             browser, server):
         await run_line(browser, "echo alive")
         await screen_has(browser, r"(?m)^alive$")
-        groups = children_of(server.pid)
+        groups = server.session_children()
         server.stop(signal.SIGKILL)
         for group in groups:
             kill_group(group)

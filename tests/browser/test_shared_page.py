@@ -14,7 +14,7 @@ from cdp import Browser, open_browser
 from helpers import ttyserve_command
 from test_page import page, run_line, screen_has
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 
 VIEWPORT = ("(() => { const b = window.term.buffer.active; const rows = [];"
             " for (let i = b.viewportY; i < b.viewportY + window.term.rows; i++)"

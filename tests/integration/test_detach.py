@@ -21,7 +21,6 @@ from helpers import (
     processes_in_group,
     raw_peer,
     reattached,
-    rss_kib,
     split_output,
     start_server,
     wait_until,
@@ -370,7 +369,7 @@ async def test_100_detached_sessions_of_4_mb_each_hold_no_more_than_their_rings(
     count, size = 100, 4_000_000  # each prints four rings' worth with nobody attached
     server = start_server(short_dir, "--command", SH, "--max-sessions-per-connection", "256")
     try:
-        baseline = rss_kib(server.pid)
+        baseline = server.rss_kib()
         async with connect(server.addresses[0], multiplex=True) as conn:
             detached = 0
             for _ in range(count):
@@ -387,7 +386,7 @@ async def test_100_detached_sessions_of_4_mb_each_hold_no_more_than_their_rings(
             sessions = await until_listed(
                 server.addresses[0], lambda s: len(s) == detached and all(i.exit for i in s),
                 timeout=150)
-            held = rss_kib(server.pid) - baseline
+            held = server.rss_kib() - baseline
             print(f"{count} detached sessions x {size} B: server RSS {baseline} KiB before, "
                   f"+{held} KiB after ({held / count:.0f} KiB per session, ring 1024 KiB)")
             assert all(i.exit == {"code": 0} for i in sessions)

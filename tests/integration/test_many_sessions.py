@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SH, ServerProcess, ctrl, raw_peer, rss_kib, split_output, start_server
+from helpers import SH, ServerProcess, ctrl, raw_peer, split_output, start_server
 
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open, parse_object
@@ -92,11 +92,11 @@ async def test_100000_short_sessions_leave_the_server_memory_flat(
                 codes[message["code"]] += 1
                 ended += 1
                 if ended == warm_up:
-                    rss_after_warm_up = rss_kib(roomy_server.pid)
+                    rss_after_warm_up = roomy_server.rss_kib()
                 await open_more(1)
             else:
                 assert message["type"] in ("opened", "window"), message
-        rss_at_end = rss_kib(roomy_server.pid)
+        rss_at_end = roomy_server.rss_kib()
     assert codes == {0: total}
     # 80,000 sessions after the warm-up: one leaked object per session (56 bytes at the
     # least, with its slot) would be 4.3 MiB; the allocator's own drift stays near 2 MiB.

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pyte
 import pytest
-from helpers import SH, ServerProcess, children_of, kill_group, start_server
+from helpers import SH, ServerProcess, kill_group, start_server
 
 from ttyserve.client import Session, connect
 from ttyserve.errors import ConnectionLost, SessionDetached
@@ -232,7 +232,7 @@ async def test_a_killed_server_leaves_whole_lines(short_dir: Path) -> None:
                 async for chunk in session:
                     assert chunk.stream == "stdout"  # a PTY has one output
     finally:
-        groups = [pgid, *children_of(server.pid)]  # the session's, before it is orphaned
+        groups = [pgid, *server.session_children()]  # the session's, before it is orphaned
         server.stop(signal.SIGKILL)
         for group in groups:
             if group is not None:

@@ -209,8 +209,10 @@ async def test_sessions_survive_an_upgrade(served: ServerProcess, install: Path,
 
 
 def dry_runs(server: ServerProcess) -> list[int]:
-    """The server's children that run what it runs: the dry run of an upgrade."""
+    """The children of the server's session holders (itself, or its workers) that run what
+    it runs: the dry run of an upgrade."""
     command = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+    holders = server.worker_pids()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -220,7 +222,7 @@ def dry_runs(server: ServerProcess) -> list[int]:
             same = Path(f"/proc/{entry}/cmdline").read_bytes() == command
         except OSError:
             continue
-        if same and int(stat[stat.rindex(")") + 2:].split()[1]) == server.pid:
+        if same and int(stat[stat.rindex(")") + 2:].split()[1]) in holders:
             found.append(int(entry))
     return found
 
@@ -306,7 +308,8 @@ async def test_a_signal_while_the_new_code_starts_waits_for_it(
     os.kill(served.pid, signal.SIGUSR2)
     assert await wait_until(lambda: bool(dry_runs(served)), 10, interval=0.002)
     assert await wait_until(lambda: not dry_runs(served), 30)
-    assert await wait_until(lambda: handing_over(served.pid), 30, interval=0.001)
+    assert await wait_until(lambda: any(handing_over(pid) for pid in served.worker_pids()),
+                            30, interval=0.001)
     os.kill(served.pid, signal.SIGUSR2)
     assert await wait_until(lambda: len(upgraded(short_dir)) == 2, 20), served.stderr_tail()
     assert served.proc.poll() is None

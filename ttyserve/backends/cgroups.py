@@ -292,10 +292,16 @@ def instance_name(pid: int | None = None) -> str | None:
 
 
 def server_gone(directory: str) -> bool:
-    """Whether ``directory`` is the directory of a server (PID-STARTTIME) that is gone."""
+    """Whether ``directory`` is the directory of a server (PID-STARTTIME) that is gone: or
+    of a worker of one (`serve --workers`: SUPERVISOR/WORKER), whose supervisor is gone
+    (the worker dies with it, and may not have yet)."""
     match = _INSTANCE.fullmatch(os.path.basename(directory))
-    return (match is not None and os.path.isdir(directory)
-            and process_start_time(int(match[1])) != int(match[2]))
+    if match is None or not os.path.isdir(directory):
+        return False
+    if process_start_time(int(match[1])) != int(match[2]):
+        return True
+    above = _INSTANCE.fullmatch(os.path.basename(os.path.dirname(directory)))
+    return above is not None and process_start_time(int(above[1])) != int(above[2])
 
 
 def sweep_dead_servers(base: str) -> int:

@@ -92,13 +92,14 @@ class Supervisor:
         self.workers: dict[int, Worker] = {}
         self.stopping = False
         self.serving = False  # every worker came to serve, and `listening` was said
-        self.forced = False
+        self.forced = False  # a worker's drain did not finish: the exit is ERROR
         self._secret = secrets.token_hex(32)
         self._link_dir = ""
         self._census_fd = -1
         self._census: Census | None = None
         self._upgrade: dict[int, Report | None] | None = None  # a round: each worker's word
         self._paused: anyio.Event | None = None  # accepting waits (an upgrade)
+        self._again = False  # SIGUSR2 came during an upgrade: another follows it
         self._turn = 0
 
     async def run(self, signals: AsyncIterator[int],
@@ -217,6 +218,8 @@ class Supervisor:
         if self._upgrade is not None and self._upgrade.get(worker.slot, 0) is None:
             self._upgrade_reported(worker, Report(event=REFUSED))
         if self.stopping or not self.serving:
+            if code != ServeExit.OK:
+                self.forced = True  # its drain was forced (or it failed): so was the server's
             del self.workers[worker.slot]
             self._changed()
             return
@@ -324,7 +327,10 @@ class Supervisor:
     def _begin_upgrade(self) -> None:
         """SIGUSR2: every worker upgrades itself in place (section 12), each keeping its
         sessions; the journal gets one `server.upgrade` once every worker has said."""
-        if self._upgrade is not None or self.stopping:
+        if self.stopping:
+            return
+        if self._upgrade is not None:  # one under way: another once it is done (section 12)
+            self._again = True
             return
         self._upgrade = {slot: None for slot in self.workers}
         self._paused = anyio.Event()  # connections wait in the backlog for the new code
@@ -348,6 +354,9 @@ class Supervisor:
                                    sessions=sum(word.sessions for word in done))
             self.journal.write_now(record)
         log.info("upgrade: %d of %d workers upgraded", len(done), len(round_))
+        if self._again:
+            self._again = False
+            self._begin_upgrade()
 
     _all_stopped: anyio.Event | None = None
 
