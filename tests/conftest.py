@@ -32,6 +32,8 @@ def adopt_orphans() -> None:
 def reap_after_test() -> Iterator[None]:
     yield
     reap_orphans(frozenset())
+    for pid in helpers.zombie_children(os.getpid()):  # (what reap_orphans leaves: our own
+        os.waitpid(pid, os.WNOHANG)  # session's, such as a killed server's workers)
 
 
 @pytest.fixture

@@ -199,47 +199,15 @@ class ServerProcess:
 
     def worker_pids(self) -> list[int]:
         """The processes that run sessions: the workers, or the server itself."""
-        workers = [pid for pid in children_of(self.proc.pid)
-                   if _cmdline(pid)[-1:] and "serve" in _cmdline(pid)]
+        workers = [pid for pid in children_of(self.proc.pid) if _is_worker(pid)]
         return workers or [self.proc.pid]
 
-    def stderr_tail(self) -> str:
-        if self.stderr_path is None or not self.stderr_path.exists():
-            return ""
-        return self.stderr_path.read_text(errors="replace")[-4000:]
 
-    def wait(self, timeout: float = 15) -> int:
-        """The exit code, once the server exits by itself."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"server did not exit; stderr:\n{self.stderr_tail()}") from None
-        finally:
-            if self.proc.stdout is not None and self.proc.returncode is not None:
-                self.proc.stdout.close()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        """Signal the server (unless it already exited) and return its exit code. Workers
-        its death left (SIGKILL: they die with it, our children by then, as subreaper) are
-        reaped here: no zombie outlives the test."""
-        workers = [] if self.proc.poll() is not None else [
-            pid for pid in self.worker_pids() if pid != self.proc.pid]
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.wait(timeout)
-        deadline = time.monotonic() + timeout
-        for pid in workers:
-            while time.monotonic() < deadline:
-                try:
-                    if os.waitpid(pid, os.WNOHANG) != (0, 0):
-                        break
-                except ChildProcessError:  # reaped by the supervisor, or not ours
-                    if not os.path.exists(f"/proc/{pid}"):
-                        break
-                time.sleep(0.01)
-        return code
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"TTYSERVE_WORKER=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
 
 
 def ttyserve_command(*args: str) -> list[str]:
@@ -355,13 +323,6 @@ def _processes() -> Iterator[tuple[int, str, int, int]]:
 def processes_in_group(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     return [pid for pid, state, _, group in _processes() if group == pgid and state != "Z"]
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return []
 
 
 def parent_of(pid: int) -> int:

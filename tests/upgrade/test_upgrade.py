@@ -250,10 +250,12 @@ async def test_a_broken_install_is_refused_by_the_dry_run(
 
 
 async def test_the_new_code_reads_the_configuration_anew(short_dir: Path, tmp_path: Path,
-                                                         ) -> None:
+                                                         workers: int) -> None:
     """The configuration file changed before SIGUSR2: a listener it no longer names is
     closed (its socket file and lease gone), one it adds that cannot be bound (its port is
-    taken) is left out with a line, and the session on the listener kept goes on."""
+    taken) is left out with a line, and the session on the listener kept goes on. With
+    workers the listeners are the supervisor's, which an upgrade does not re-execute: they
+    stay as they were until a restart (design.md)."""
     kept, dropped = short_dir / "a.sock", short_dir / "b.sock"
     journal = short_dir / "journal"
     taken = socket.socket()
@@ -272,7 +274,8 @@ async def test_the_new_code_reads_the_configuration_anew(short_dir: Path, tmp_pa
                           f'journal = "{journal}"\ninsecure = true\n')
         os.kill(server.pid, signal.SIGUSR2)
         assert await wait_until(lambda: bool(upgraded(short_dir)), 30), server.stderr_tail()
-        assert not dropped.exists() and not Path(f"{dropped}.lock").exists()
+        assert dropped.exists() is (workers > 1)
+        assert Path(f"{dropped}.lock").exists() is (workers > 1)
         async with connect(f"unix:{kept}") as conn:
             again = await conn.attach(str(session.id))
             await again.send(b"still here\n")
@@ -387,7 +390,9 @@ async def test_a_writer_two_observers_and_a_grant_come_through_an_upgrade(
                 with anyio.fail_after(20):
                     chunk = await session.receive()
                 assert chunk is not None and chunk.data == b"after\n"  # nothing twice
-            assert sorted(map(id, resumed)) == sorted(map(id, watching))
+            # Each resumed (with workers, once per worker that closed a link it used, maybe
+            # twice: the output above came once all the same).
+            assert set(map(id, resumed)) == set(map(id, watching))
             assert [s.role for s in watching] == ["writer", "observer", "observer"]
         async with connect(address, multiplex=True, grant=shared.grant) as late:
             newcomer = await late.attach(str(writer.id), role="observer")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -36,7 +37,7 @@ from .auth import Gate, Peer, peer_of
 from .connections.handler import ConnectionHandler
 from .handover import HandoverState
 from .journal import Journal
-from .mesh import LINK_HELLO_LIMIT, STOP, Mesh
+from .mesh import LINK_HELLO_LIMIT, Mesh
 from .registry.registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
@@ -295,9 +296,10 @@ class Server:
                     data, fds, _, _ = socket.recv_fds(control, 16, 4)
                 except BlockingIOError:
                     break
-                if not data:  # the supervisor is gone: nobody accepts for this worker
-                    if self.on_command is not None:
-                        self.on_command(STOP)
+                if not data:  # the supervisor died: so does this worker, as by its pdeathsig
+                    # (which comes a moment after this end): what it would write now, the
+                    # next server's recovery writes
+                    os.kill(os.getpid(), signal.SIGKILL)
                     return
                 if not fds:
                     if self.on_command is not None:

@@ -348,7 +348,7 @@ class Supervisor:
             self._paused.set()
             self._paused = None
         done = [word for word in round_.values() if word is not None and word.event == UPGRADED]
-        if done and self.journal is not None:
+        if done and self.journal is not None and not self.stopping:  # (a shutdown ended it)
             record = ServerUpgrade(at=self.journal.now(), from_version=done[0].from_version,
                                    to_version=done[0].to_version,
                                    sessions=sum(word.sessions for word in done))
