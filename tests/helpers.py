@@ -202,6 +202,44 @@ class ServerProcess:
         workers = [pid for pid in children_of(self.proc.pid) if _is_worker(pid)]
         return workers or [self.proc.pid]
 
+    def stderr_tail(self) -> str:
+        if self.stderr_path is None or not self.stderr_path.exists():
+            return ""
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def wait(self, timeout: float = 15) -> int:
+        """The exit code, once the server exits by itself."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit; stderr:\n{self.stderr_tail()}") from None
+        finally:
+            if self.proc.stdout is not None and self.proc.returncode is not None:
+                self.proc.stdout.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        """Signal the server (unless it already exited) and return its exit code. Workers
+        its death left (SIGKILL: they die with it, our children by then, as subreaper) are
+        reaped here: no zombie outlives the test."""
+        workers = [] if self.proc.poll() is not None else [
+            pid for pid in self.worker_pids() if pid != self.proc.pid]
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.wait(timeout)
+        deadline = time.monotonic() + timeout
+        for pid in workers:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                        break
+                except ChildProcessError:  # reaped by the supervisor, or not ours
+                    if not os.path.exists(f"/proc/{pid}"):
+                        break
+                time.sleep(0.01)
+        return code
+
 
 def _is_worker(pid: int) -> bool:
     try:
