@@ -195,14 +195,18 @@ def _journal(config: ServerSettings, handed: HandoverState | None,
     if spec is not None and handed is None:
         if spec.journal_fd is None or spec.journal_path is None:
             return None
-        return Journal.adopted(spec.journal_fd, spec.journal_path)
+        journal = Journal.adopted(spec.journal_fd, spec.journal_path)
+        journal.supervisor = spec.supervisor
+        return journal
     if handed is not None and handed.journal_fd is not None:
         assert handed.journal_path is not None
         if config.journal is None or (
                 os.path.abspath(config.journal) != os.path.abspath(handed.journal_path)):
             log.warning("upgrade: the journal stays %s until the server restarts",
                         handed.journal_path)
-        return Journal.adopted(handed.journal_fd, handed.journal_path)
+        journal = Journal.adopted(handed.journal_fd, handed.journal_path)
+        journal.supervisor = spec.supervisor if spec is not None else None
+        return journal
     if config.journal is None:
         return None
     journal = Journal(config.journal)

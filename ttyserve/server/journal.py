@@ -227,7 +227,13 @@ class Journal:
 
     now = staticmethod(now_rfc3339)
 
+    supervisor: int | None = None  # a worker's (mesh.py): it writes only while that lives
+
     def _write(self, data: bytes) -> None:
+        if self.supervisor is not None and os.getppid() != self.supervisor:
+            # The server died (its supervisor killed): this worker dies as it would have
+            # a moment later, writing nothing; the next server's recovery ends the records.
+            os.kill(os.getpid(), signal.SIGKILL)
         write_all(self.fd, data)
         os.fsync(self.fd)
 
