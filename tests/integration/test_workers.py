@@ -14,11 +14,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import SH, ServerProcess, ctrl, raw_peer, split_output, start_server
+from helpers import SH, RawPeer, ServerProcess, ctrl, raw_peer, split_output, start_server
 
 from ttyserve.client import Connection, connect
 from ttyserve.errors import RequestError, SessionDetached
-from ttyserve.protocol.messages import Hello, Offsets, Window
+from ttyserve.protocol.frames import Frame
+from ttyserve.protocol.messages import Hello, Offsets, Open, Window
 from ttyserve.server.journal import SessionEnd, SessionStart, read_file
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
@@ -102,8 +103,8 @@ async def test_observers_steal_and_grants_work_across_workers(served: ServerProc
             assert chunk is not None and chunk.data == b"seen by all\n"
             thief = await other.attach(session.id, steal=True)
             with pytest.raises(SessionDetached) as stolen:
-                async for _ in session:
-                    pass
+                while await session.receive() is not None:
+                    continue
             assert stolen.value.reason == "stolen"
             await thief.send(b"now mine\n")
             got = await watcher.receive()
@@ -128,22 +129,36 @@ async def test_credit_holds_across_the_hop(served: ServerProcess) -> None:
         session = await conn.spawn(["yes"], pty=False, detachable=True)
         assert session.id is not None
         await session.detach()
-    async with on_worker(address, None, avoid=home) as (conn, _):
-        pass  # the next connection in turn goes to the other worker again
-    async with raw_peer(address) as peer:
-        await peer.send(ctrl(0, Hello(protocol=1, multiplex=True, window=WINDOW))
-                        + ctrl(1, {"type": "attach", "session": session.id}))
-        frames = []
-        with anyio.move_on_after(1):
-            while (frame := await peer.next_frame()) is not None:
-                frames.append(frame)
-        assert 0 < len(split_output(frames, 1)[0]) <= WINDOW
-        await peer.send(ctrl(1, Window(bytes=WINDOW)))
-        with anyio.move_on_after(1):
-            while (frame := await peer.next_frame()) is not None:
-                frames.append(frame)
-        assert WINDOW < len(split_output(frames, 1)[0]) <= 2 * WINDOW
-        await peer.send(ctrl(1, {"type": "cancel"}))
+    for _ in range(8):  # a raw connection served by the other worker: found by a probe
+        async with raw_peer(address) as peer:
+            await peer.send(ctrl(0, Hello(protocol=1, multiplex=True, window=WINDOW))
+                            + ctrl(2, Open(argv=[SH, "-c", "echo $PPID"], pty=False)))
+            probe: list[Frame] = []
+            while not any(c.get("type") == "exit" for c in split_output(probe, 2)[2]):
+                frame = await peer.next_frame()
+                assert frame is not None
+                probe.append(frame)
+            if int(split_output(probe, 2)[0]) != home:
+                await credit_across_a_hop(peer, session.id)
+                return
+    raise AssertionError("no raw connection reached the other worker")
+
+
+async def credit_across_a_hop(peer: RawPeer, session_id: str) -> None:
+    """Attach ``session_id`` (a `yes`) through a hop: no more than the window comes, then
+    no more than the window granted again."""
+    await peer.send(ctrl(1, {"type": "attach", "session": session_id}))
+    frames = []
+    with anyio.move_on_after(1):
+        while (frame := await peer.next_frame()) is not None:
+            frames.append(frame)
+    assert 0 < len(split_output(frames, 1)[0]) <= WINDOW
+    await peer.send(ctrl(1, Window(bytes=WINDOW)))
+    with anyio.move_on_after(1):
+        while (frame := await peer.next_frame()) is not None:
+            frames.append(frame)
+    assert WINDOW < len(split_output(frames, 1)[0]) <= 2 * WINDOW
+    await peer.send(ctrl(1, {"type": "cancel"}))
 
 
 async def test_max_sessions_is_the_whole_servers(served: ServerProcess) -> None:
