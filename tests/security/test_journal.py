@@ -268,9 +268,13 @@ async def test_a_server_killed_right_after_opened_leaves_no_session_without_its_
 
 async def open_until_killed(server: ServerProcess, sessions: int, kill_after: int) -> list[int]:
     """Open ``sessions`` quiet sessions at once on one connection and SIGKILL the server as
-    soon as ``kill_after`` of them were answered; the pids of those answered."""
+    soon as ``kill_after`` of them were answered; the pids of those answered.
+
+    The client hangs up only once the server has: a worker of `--workers N` serves on for
+    the milliseconds its supervisor takes to die, and a hang-up then would truly cancel."""
     pids: list[int] = []
     async with connect(server.addresses[0], multiplex=True) as conn:
+        opened = []
 
         async def open_one() -> None:
             try:
@@ -279,6 +283,7 @@ async def open_until_killed(server: ServerProcess, sessions: int, kill_after: in
                 return  # the kill came first
             assert session.pid is not None
             pids.append(session.pid)
+            opened.append(session)
             if len(pids) == kill_after:
                 os.kill(server.pid, signal.SIGKILL)  # at once: no await since `opened`
 
@@ -286,6 +291,8 @@ async def open_until_killed(server: ServerProcess, sessions: int, kill_after: in
             async with anyio.create_task_group() as tg:
                 for _ in range(sessions):
                     tg.start_soon(open_one)
+            with pytest.raises(ConnectionLost):
+                await opened[0].wait()
     return pids
 
 
