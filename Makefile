@@ -28,6 +28,9 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check ttyserve tests benchmarks scripts
 	$(BIN)/mypy --strict ttyserve
 
+# The suite runs on two processes (pytest-xdist): every server test runs once per worker count.
+PYTEST_ARGS ?= -n 2
+
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
