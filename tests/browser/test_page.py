@@ -42,6 +42,9 @@ async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
         async with open_browser(width, height) as browser:
             await browser.navigate(server.browse[0])
             await browser.wait_for("document.body.dataset.session === 'running'")
+            # Keys typed before the shell's first prompt are echoed by the terminal before it,
+            # and the command's output then follows the prompt on its line.
+            await screen_has(browser, r"(?m)^\$\s*$")
             yield browser, server
             origin = server.browse[0].split("/#", 1)[0]
             loaded = await browser.resources()
@@ -68,10 +71,12 @@ async def run_line(browser: Browser, line: str) -> None:
 
 
 async def screen_has(browser: Browser, pattern: str, timeout: float = 20) -> str:
-    with anyio.fail_after(timeout):
+    text = ""
+    with anyio.move_on_after(timeout):
         while not re.search(pattern, text := await browser.screen_text()):
             await browser.evaluate("new Promise((resolve) => setTimeout(resolve, 50))")
         return text
+    raise AssertionError(f"{pattern!r} not on the screen within {timeout} s:\n{text}")
 
 
 async def test_keys_reach_the_shell_and_its_output_the_screen(short_dir: Path) -> None:

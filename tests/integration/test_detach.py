@@ -194,14 +194,18 @@ async def test_a_stolen_channel_ends_with_detached_on_the_wire(address: str) -> 
 
 async def test_an_exit_while_detached_is_delivered_once(
         server: ServerProcess, address: str, short_dir: Path) -> None:
+    gate = short_dir / "gate"
+    os.mkfifo(gate)
     async with connect(address, multiplex=True) as conn:
-        session = await conn.spawn([SH, "-c", "read go; echo bye; exit 7"], pty=True,
-                                   detachable=True)
+        session = await conn.spawn([SH, "-c", f"read go; read x < {gate}; echo bye; exit 7"],
+                                   pty=True, detachable=True)
         await session.detach()
     async with connect(address, multiplex=True) as conn:
         again = await conn.attach(session.id or "")
         await again.send(b"go\n")
-        await again.detach()  # and it ends while nobody is attached
+        await again.detach()
+    await until_listed(address, lambda s: bool(s) and not s[0].attached)  # (detach is a send)
+    await anyio.to_thread.run_sync(gate.write_text, "\n")  # it ends while nobody is attached
     await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
     async with connect(address, multiplex=True) as conn:
         last = await conn.attach(session.id or "")
@@ -299,6 +303,8 @@ async def test_an_uncollected_exit_expires_too(address: str) -> None:
         session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
         await session.detach()
         assert session.pid is not None
+    # (`detach` only sends: until the server has read it, the exit would go to this client)
+    await until_listed(address, lambda s: bool(s) and not s[0].attached)
     os.kill(session.pid, signal.SIGTERM)  # it ends detached: its exit waits for an attach
     await until_listed(address, lambda s: bool(s) and s[0].exit is not None)
     await until_listed(address, lambda s: s == [], timeout=10)
