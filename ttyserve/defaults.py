@@ -38,6 +38,8 @@ SERVER_RECEIVE = 64 * 1024  # one read of a client connection: under glibc's 128
 CLIENT_RECEIVE = 1 << 20  # one read of the client library's connection to a server
 STDIN_READ = 64 * 1024  # one read of `exec`'s own stdin
 HTTP_RECEIVE = 64 * 1024  # one read of a web listener's request (its head is 16 KiB at most)
+HTTP_MAX_JSON_BODY = 1 << 20  # the largest JSON body of an API request (section 13): 413 over
+HTTP_MAX_WAIT = 300  # seconds, the longest `wait` on a session's status (section 13)
 WEBSOCKET_RECEIVE = 256 * 1024  # one read under the WebSocket carriage, both sides
 WEBSOCKET_MAX_MESSAGE = 4 << 20  # the largest WebSocket frame taken (read whole): whole
 # protocol frames of up to max_frame each, a sender's batch of them (1009 beyond)

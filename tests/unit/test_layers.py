@@ -21,6 +21,7 @@ LAYERS = [
     {"web"},
     {"server"},
     {"client"},
+    {"api"},
     {"cli"},
     {"__init__", "__main__"},
 ]

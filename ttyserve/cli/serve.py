@@ -12,6 +12,7 @@ import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -40,6 +41,9 @@ from ..server.upgrade import (
 )
 from ..transport.streams import PipeTransport
 from ..version import __version__
+
+if TYPE_CHECKING:
+    from ..web.exchange import WebApi
 
 log = logging.getLogger("ttyserve")
 
@@ -342,6 +346,15 @@ class Orders:
                          upgrades)
 
 
+def _http_api(settings: ServerSettings) -> WebApi | None:
+    """The HTTP API (section 13) for `ws:` and `wss:` listeners (its imports: only then)."""
+    if not any(parse_address(address).web for address in settings.listen):
+        return None
+    from ..api.routes import HttpApi
+
+    return HttpApi()
+
+
 async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncIterator[int],
                handed: HandoverState | None, spec: WorkerSpec | None,
                tls: ssl.SSLContext | None, generated: str | None,
@@ -351,7 +364,8 @@ async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncI
     """Serve in this process (one of `--workers 1`, or a worker of many)."""
     backend = make_backend(settings.spawn, settings.default_cwd, containment)
     server = Server(settings, backend, journal=journal, tls=tls,
-                    mesh=Mesh(spec) if spec is not None else None, link=link)
+                    mesh=Mesh(spec) if spec is not None else None, link=link,
+                    api=_http_api(settings))
     handover = Handover(listeners, leases, journal, containment, generated, server.registry,
                         keep=[spec.control_fd, spec.census_fd] if spec is not None else [])
     announce = announcer(generated) if handed is None else None

@@ -143,6 +143,21 @@ async def connect(
             yield connection
 
 
+@contextlib.asynccontextmanager
+async def connect_over(transport: Transport, hello: Hello, *, release: bool = True,
+                       ) -> AsyncIterator[Connection]:
+    """`connect` over a transport the caller opened (and closes): no dialling again.
+    ``release``: as `Connection` takes it."""
+    connection = Connection(transport, hello, release=release)
+    try:
+        await send_all(transport, connection.greeting())
+    except anyio.BrokenResourceError as exc:
+        raise ConnectionResetError(f"the server closed the connection: {exc}") from exc
+    async with beside() as tasks:
+        connection.start(tasks)
+        yield connection
+
+
 async def run(
     argv: Sequence[str],
     *,

@@ -89,8 +89,12 @@ class Connection:
 
     def __init__(self, transport: Transport, hello: Hello, carrier: Carrier | None = None, *,
                  redial: Dial | None = None,
-                 on_resume: Callable[[ResumeEvent], None] | None = None) -> None:
+                 on_resume: Callable[[ResumeEvent], None] | None = None,
+                 release: bool = True) -> None:
+        """``release``: a detachable session's exit, once read by its writer, is released
+        (forgotten by the server at once); without, it is kept --keep-ended for others."""
         self._hello = hello
+        self._release = release
         self.multiplex = hello.multiplex
         self.window = hello.window
         self._resume = Resume(redial, on_resume)
@@ -131,6 +135,7 @@ class Connection:
         cwd: str | None = None,
         detachable: bool = False,
         resume: float | None = None,
+        detached_timeout: int | None = None,
     ) -> Session:
         """Open a session and wait for `opened`. Raises RequestError if refused.
 
@@ -142,13 +147,15 @@ class Connection:
         server, dials again for up to that long and attaches it where its output stopped:
         iterating it and `wait()` go on across the reconnect, every byte once. Without a
         ``heartbeat`` given to `connect`, the connection pings every DEFAULT_HEARTBEAT
-        seconds itself, so a silent link is noticed.
+        seconds itself, so a silent link is noticed. ``detached_timeout`` (seconds) sets
+        the hang-up of a detachable session without ``resume``.
         """
         if resume is not None:
             detachable = True
+            detached_timeout = _whole_seconds(resume)
         request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
                        env=dict(env or {}), cwd=cwd, detachable=detachable,
-                       detached_timeout=_whole_seconds(resume))
+                       detached_timeout=detached_timeout)
         return await self._begin(request, pty, resume)
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
@@ -425,7 +432,7 @@ class Connection:
                    else self._sessions.get(event.channel))
         if session is None:
             return
-        if isinstance(event, ExitReceived) and session.id is not None and (
+        if isinstance(event, ExitReceived) and session.id is not None and self._release and (
                 session.role == WRITER):  # read: it may be forgotten (an observer's
             link.push(link.core.release(session.id))  # exit is not the owner's)
         if isinstance(event, AttachedReceived) and session.resuming:

@@ -67,6 +67,7 @@ class OutputChunk:
 
     stream: Literal["stdout", "stderr"]
     data: bytes
+    offset: int = 0  # of its first byte in its stream, since the session started
 
 
 class ConnectionEnded:
@@ -102,7 +103,7 @@ SessionEvent = (
     OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
     | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded | NoticeReceived
 )
-_Item = OutputChunk | Exit | Detached | Error
+_Item = OutputChunk | Skipped | Exit | Detached | Error
 
 
 class Link(Protocol):
@@ -148,6 +149,7 @@ class Session:
         # Per stream, the bytes received since the session started (or since the ring's
         # oldest byte, for an attach without offsets): where a resume attaches.
         self.offsets = Offsets()
+        self.began = Offsets()  # where the output of its (last) attach began
         self.lost_bytes = 0  # output the ring dropped while this client was away
         self._lost_at: float | None = None  # while it resumes: when its connection was lost
         self._eof_sent = False  # its input is over: said again after a resume (pipes only)
@@ -330,6 +332,13 @@ class Session:
         SessionDetached once the channel ended with the session going on (a `detach`,
         or another client that attached with steal).
         """
+        while isinstance(event := await self.next_event(), Skipped):
+            pass
+        return event
+
+    async def next_event(self) -> OutputChunk | Skipped | None:
+        """As `receive`, and an observer's `skipped` notices (section 11) in their place
+        between the chunks."""
         while True:
             if self.status is not None:
                 return None
@@ -349,6 +358,8 @@ class Session:
                 if size:
                     with contextlib.suppress(ConnectionLost, RemoteProtocolError):  # told later
                         await self._link.consumed(self, size)
+                return item
+            if isinstance(item, Skipped):
                 return item
             if isinstance(item, Exit):
                 self.status = item
@@ -386,10 +397,10 @@ class Session:
             self._unread += size
             if event.kind is FrameKind.STDERR:
                 self.offsets.stderr += size
-                await self._queue(OutputChunk("stderr", event.data))
+                await self._queue(OutputChunk("stderr", event.data, self.offsets.stderr - size))
             else:
                 self.offsets.stdout += size
-                await self._queue(OutputChunk("stdout", event.data))
+                await self._queue(OutputChunk("stdout", event.data, self.offsets.stdout - size))
         elif isinstance(event, StdinCreditGranted):
             self.wake_sender()
         elif isinstance(event, OpenedReceived):
@@ -398,6 +409,8 @@ class Session:
             self._attached(event.attached)
         elif isinstance(event, NoticeReceived):
             self._notice(event.notice)
+            if isinstance(event.notice, Skipped):
+                await self._queue(event.notice)  # for `next_event`, in its place
         elif isinstance(event, OpenRefused):
             self._refused(event.error)
         elif isinstance(event, ExitReceived):
@@ -423,6 +436,7 @@ class Session:
         if attached.offsets is not None:  # where this attach's output begins
             self.offsets = Offsets(stdout=attached.offsets.stdout,
                                    stderr=attached.offsets.stderr)
+            self.began = Offsets(stdout=attached.offsets.stdout, stderr=attached.offsets.stderr)
         self._stale = self._unread
         self.prologue = attached.prologue
         if self.role == OBSERVER and attached.role != OBSERVER:

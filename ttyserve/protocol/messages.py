@@ -240,6 +240,7 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     exit: dict[str, Any] | None = None  # the members of its `exit` message, once ended
     observers: int = 0  # section 11: channels watching it
     grants: list[GrantInfo] = []  # section 11: its open grants
+    offsets: Offsets | None = None  # the output so far, per stream (section 13's status)
 
 
 class Sessions(Message, tag="sessions"):

@@ -43,6 +43,7 @@ from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
 
 if TYPE_CHECKING:
+    from ..web.exchange import WebApi
     from ..web.http import FrontDoor
 
 log = logging.getLogger("ttyserve")
@@ -70,10 +71,11 @@ class Server:
     def __init__(self, settings: ServerSettings, backend: Backend | None = None,
                  reap_orphans: bool = True, *, journal: Journal | None = None,
                  tls: ssl.SSLContext | None = None, mesh: Mesh | None = None,
-                 link: Address | None = None) -> None:
+                 link: Address | None = None, api: WebApi | None = None) -> None:
         """``mesh``: a worker of `serve --workers N`, whose listener ``link`` takes the
-        links of the other workers."""
+        links of the other workers. ``api`` answers the HTTP API on web listeners."""
         self.settings = settings
+        self.api = api
         self.registry = SessionRegistry(
             settings, backend or LocalBackend(settings.default_cwd), journal, mesh)
         self.mesh = mesh
@@ -394,9 +396,9 @@ class Server:
         if listener.scheme in ("unix", "tcp"):
             return SocketTransport(sock)
         stream: anyio.abc.ByteStream | None = None
-        handed_off = False
+        handed_off = ready = False
         try:
-            with anyio.move_on_after(self.settings.handshake_timeout) as deadline:
+            with anyio.move_on_after(self.settings.handshake_timeout):
                 try:
                     if listener.encrypted:
                         from anyio.streams.tls import TLSStream  # only tls: and wss: need it
@@ -408,21 +410,22 @@ class Server:
                                                       standard_compatible=False)
                     else:
                         stream = SocketByteStream(sock)
+                    ready = True
                 except (ssl.SSLError, OSError, anyio.BrokenResourceError,
                         anyio.EndOfStream) as exc:
                     log.info("%s: TLS handshake failed: %s", peer, exc)
-                else:
-                    if not listener.web:
-                        handed_off = True
-                        return StreamTransport(stream)
-                    upgraded = await self._front_door().serve(stream, peer, listener)
-                    if upgraded is not None:
-                        handed_off = True
-                        return upgraded
-            if deadline.cancelled_caught:
-                log.info("%s: no %s in time", peer,
-                         "upgrade" if listener.web else "TLS handshake")
-            return None
+                    return None
+            if not ready or stream is None:
+                log.info("%s: no TLS handshake in time", peer)
+                return None
+            if not listener.web:
+                handed_off = True
+                return StreamTransport(stream)
+            # (each request's head within the handshake timeout: the front door's own)
+            upgraded = await self._front_door().serve(stream, peer, listener,
+                                                      lambda: self._inner(peer))
+            handed_off = upgraded is not None
+            return upgraded
         finally:
             if not handed_off:  # on every other way out, cancellation and errors included
                 # Close what owns the descriptor: the asyncio transport, once there is one.
@@ -438,8 +441,18 @@ class Server:
             from ..web.http import FrontDoor  # h11 and websockets: not for a start without ws:
 
             self._web = FrontDoor(self.settings.allowed_origins,
-                                  max_frame=self.settings.max_frame)
+                                  max_frame=self.settings.max_frame, api=self.api,
+                                  head_timeout=self.settings.handshake_timeout)
         return self._web
+
+    async def _inner(self, outer: object) -> Transport:
+        """A connection of this server's own for an HTTP API request of ``outer`` (its
+        peer `http:ADDR`): served like any other, and counted in the HTTP connection."""
+        ours, theirs = socket.socketpair()
+        assert self._connection_tasks is not None
+        self._connection_tasks.start_soon(self._handle, SocketTransport(ours),
+                                          Peer("http", host=getattr(outer, "host", "")))
+        return SocketTransport(theirs)
 
 
 async def _receive_exactly(sock: socket.socket, head: int, limit: int) -> bytes:

@@ -3,15 +3,19 @@
 One port answers HTTP/1.1: `GET /` is the terminal page and `/static/...` its
 assets; `GET /ws` upgrades to the WebSocket carriage (subprotocol
 `ttyserve.v1`) once the origin check passes, and the connection then goes to
-the protocol like any other. Any other request gets its status, a text body
-that names what was wrong, and the connection is closed. Request bodies are
-never read: nothing here takes one.
+the protocol like any other; `/api/v1/...` is the HTTP API (section 13), answered
+by the WebApi the server was given. Any other request gets its status, a text body
+that names what was wrong, and the connection is closed. Each request's head must
+come within the handshake timeout; an API request's answer may then take as long
+as it needs (an output stream, a `wait`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -26,7 +30,8 @@ from websockets.server import ServerProtocol
 from ..addresses import Address, is_loopback
 from ..defaults import HTTP_RECEIVE, WEBSOCKET_MAX_MESSAGE
 from ..protocol.frames import DEFAULT_MAX_FRAME, HEADER_SIZE
-from ..transport.streams import close_gracefully
+from ..transport.streams import Transport, close_gracefully
+from .exchange import API_PREFIX, Exchange, WebApi
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
 
@@ -103,19 +108,24 @@ class FrontDoor:
     """
 
     def __init__(self, allowed_origins: frozenset[str], assets: dict[str, Asset] | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, api: WebApi | None = None,
+                 head_timeout: float = math.inf) -> None:
         self.allowed_origins = allowed_origins
+        self.api = api
+        self.head_timeout = head_timeout
         self.assets = load_assets() if assets is None else assets
         # The largest WebSocket frame taken (it is read whole): a batch of two whole frames.
         self.max_message = max(WEBSOCKET_MAX_MESSAGE, 2 * (max_frame + HEADER_SIZE))
 
     async def serve(self, stream: anyio.abc.ByteStream, peer: object, listener: Address,
+                    inner: Callable[[], Awaitable[Transport]] | None = None,
                     ) -> WebSocketTransport | None:
         """Answer requests; the WebSocket transport once one upgrades, else None (then the
-        caller closes the stream). Never raises for what the client does."""
+        caller closes the stream). ``inner`` opens a connection to this server for the API's
+        requests. Never raises for what the client does."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_LINE + MAX_HEADERS + 4)
         try:
-            return await self._serve(conn, stream, peer, listener)
+            return await self._serve(conn, stream, peer, listener, inner)
         except Refusal as refusal:
             log.info("%s: HTTP %d: %s", peer, refusal.status, refusal)
             await _refuse(conn, stream, refusal)
@@ -125,30 +135,34 @@ class FrontDoor:
         return None
 
     async def _serve(self, conn: h11.Connection, stream: anyio.abc.ByteStream, peer: object,
-                     listener: Address) -> WebSocketTransport | None:
+                     listener: Address, inner: Callable[[], Awaitable[Transport]] | None,
+                     ) -> WebSocketTransport | None:
         head = bytearray()  # the raw request head while it arrives, for 414 and 431
         while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise Refusal(400, f"not an HTTP/1.1 request: {exc}") from exc
-            if event is h11.NEED_DATA:
-                data = await stream.receive(HTTP_RECEIVE)
-                if len(head) <= MAX_LINE + MAX_HEADERS + 4:
-                    head += data
-                    if (refusal := head_too_long(head)) is not None:
-                        raise refusal
-                conn.receive_data(data)
-                continue
+            event: object = None
+            with anyio.move_on_after(self.head_timeout):
+                event = await _next_request(conn, stream, head)
             if not isinstance(event, h11.Request):
-                return None  # the client closed (requests are answered as they arrive)
-            upgraded = await self._answer(conn, stream, event, listener)
+                return None  # the client closed or went quiet (requests are answered as
+                # they arrive)
+            if _text(event.target).startswith(API_PREFIX) and self.api is not None:
+                host = _text(_one(event, b"host") or b"")
+                if not _HOST.fullmatch(host):
+                    raise Refusal(400, f"the Host header {host!r} is not a host and port")
+                assert inner is not None
+                await self.api.answer(Exchange(
+                    conn, stream, event, getattr(peer, "host", ""), listener.encrypted, host,
+                    inner, self.foreign(event, host, listener)))
+                upgraded = None
+            else:
+                with anyio.fail_after(self.head_timeout):
+                    upgraded = await self._answer(conn, stream, event, listener)
             if upgraded is not None:
                 return upgraded
-            while (event := conn.next_event()) is not h11.NEED_DATA and not isinstance(
-                    event, h11.EndOfMessage):
-                pass  # the rest of a GET: nothing, or a body nobody asked for
-            if event is h11.NEED_DATA or conn.our_state is not h11.DONE:
+            while conn.their_state is h11.SEND_BODY:  # a body nobody read: what has come
+                if conn.next_event() is h11.NEED_DATA:
+                    return None
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return None
             conn.start_next_cycle()  # keep-alive: the next request may already be here
             head = bytearray(conn.trailing_data[0])
@@ -179,15 +193,8 @@ class FrontDoor:
         if any(name.lower() in (b"content-length", b"transfer-encoding")
                for name, _ in request.headers):
             raise Refusal(400, "a WebSocket upgrade has no body")
-        if is_loopback(listener.host) and not loopback_name(host):
-            raise Refusal(403, f"Host {host!r} does not name this machine, whose listener is "
-                               "on loopback (a DNS rebinding page?)")
-        origin = _one(request, b"origin")
-        own = f"{'https' if listener.encrypted else 'http'}://{host}"
-        if origin is not None and not origin_allowed(_text(origin), own,
-                                                     self.allowed_origins):
-            raise Refusal(403, f"origin {_text(origin)!r} is not allowed here (this server's "
-                               f"own is {normal_origin(own)!r}; see --allow-origin)")
+        if (problem := self.foreign(request, host, listener)) is not None:
+            raise Refusal(403, problem)
         offered = {p.strip() for name, value in request.headers
                    if name.lower() == b"sec-websocket-protocol" for p in _text(value).split(",")}
         if SUBPROTOCOL not in offered:
@@ -202,6 +209,37 @@ class FrontDoor:
         await stream.send(response.serialize())
         ws = ServerProtocol(state=State.OPEN, max_size=self.max_message)  # frames from here
         return WebSocketTransport(stream, ws, received=conn.trailing_data[0])
+
+    def foreign(self, request: h11.Request, host: str, listener: Address) -> str | None:
+        """Why a request is not from this server's own pages (section 8), or None: a Host
+        that does not name a loopback listener's machine, or an Origin not allowed."""
+        if is_loopback(listener.host) and not loopback_name(host):
+            return (f"Host {host!r} does not name this machine, whose listener is on "
+                    "loopback (a DNS rebinding page?)")
+        origin = _one(request, b"origin")
+        own = f"{'https' if listener.encrypted else 'http'}://{host}"
+        if origin is not None and not origin_allowed(_text(origin), own, self.allowed_origins):
+            return (f"origin {_text(origin)!r} is not allowed here (this server's own is "
+                    f"{normal_origin(own)!r}; see --allow-origin)")
+        return None
+
+
+async def _next_request(conn: h11.Connection, stream: anyio.abc.ByteStream,
+                        head: bytearray) -> object:
+    """The next request's head (or what ended the connection instead)."""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise Refusal(400, f"not an HTTP/1.1 request: {exc}") from exc
+        if event is not h11.NEED_DATA:
+            return event
+        data = await stream.receive(HTTP_RECEIVE)
+        if len(head) <= MAX_LINE + MAX_HEADERS + 4:
+            head += data
+            if (refusal := head_too_long(head)) is not None:
+                raise refusal
+        conn.receive_data(data)
 
 
 def _one(request: h11.Request, name: bytes) -> bytes | None:

@@ -26,10 +26,12 @@ import anyio.abc
 from ...backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
 from ...defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
 from ...errors import ErrorCode, RequestError
+from ...protocol.frames import FrameKind
 from ...protocol.messages import (
     OBSERVER,
     STOLEN,
     Attach,
+    Offsets,
     Open,
     SessionInfo,
     members,
@@ -356,7 +358,10 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             started=s.started, attached=s.sink is not None,
                             exit=members(s.final) if s.final else None,
                             observers=len(s.observers),
-                            grants=[grant.info() for grant in self.grants.of_session(s.id)])
+                            grants=[grant.info() for grant in self.grants.of_session(s.id)],
+                            offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
+                                            stderr=s.ring.end[FrameKind.STDERR])
+                            if s.ring is not None else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------

@@ -1,0 +1,349 @@
+"""The HTTP API (protocol section 13): each request served through a protocol-v1 connection
+of the server's own (peer `http:ADDR`), with the client library, so that authentication,
+limits, the journal and sessions on other workers follow the framed protocol's rules and
+nothing here decides them again. This module maps requests to those calls and errors to
+statuses."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+from ..client.api import connect_over
+from ..client.connection import Connection
+from ..client.session import Session
+from ..defaults import CLIENT_NAME, DEFAULT_STDIN_WINDOW, HTTP_MAX_JSON_BODY, HTTP_MAX_WAIT
+from ..errors import (
+    ConnectionLost,
+    ErrorCode,
+    RequestError,
+    SessionCancelled,
+    SessionDetached,
+    TtyserveError,
+)
+from ..protocol.messages import OBSERVER, PROTOCOL_VERSION, WRITER, Hello, Offsets, SessionInfo
+from ..web.exchange import API_PREFIX, Exchange, TooLarge
+from .openapi import openapi_document
+from .output import stream_output
+from .types import (
+    Created,
+    CreateSession,
+    ErrorBody,
+    ErrorDetail,
+    ResizeBody,
+    SessionList,
+    SessionStatus,
+    SignalBody,
+)
+
+log = logging.getLogger("ttyserve")
+
+# Section 13's statuses by section 6's codes; any other code is a 400.
+STATUS: dict[str, int] = {
+    ErrorCode.BAD_REQUEST: 400, ErrorCode.UNAUTHORIZED: 401, ErrorCode.FORBIDDEN: 403,
+    ErrorCode.READ_ONLY: 403, ErrorCode.NO_SUCH_SESSION: 404, ErrorCode.SESSION_IN_USE: 409,
+    ErrorCode.SPAWN_FAILED: 422, ErrorCode.BUSY: 429, ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.SERVER_RESTARTING: 503}
+_GRANT = re.compile(r"g(\d+\.)?[A-Za-z0-9_-]{43}")  # as grants.py makes them
+_SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
+JSON = "application/json"
+
+
+class ApiError(Exception):
+    """A request answered with an error object."""
+
+    def __init__(self, status: int, code: str, message: str, *, retriable: bool = False,
+                 errno: int | None = None, headers: list[tuple[str, str]] | None = None,
+                 ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.retriable, self.errno, self.headers = retriable, errno, headers or []
+
+    @classmethod
+    def of(cls, error: RequestError) -> ApiError:
+        retry = ([("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000))))]
+                 if error.retry_after_ms is not None else [])
+        return cls(STATUS.get(str(error.code), 400), str(error.code), error.message,
+                   retriable=error.retriable, errno=error.errno, headers=retry)
+
+
+def bad_request(message: str, status: int = 400) -> ApiError:
+    return ApiError(status, ErrorCode.BAD_REQUEST, message)
+
+
+class HttpApi:
+    """Answers every request under /api/v1/ (the front door hands them here)."""
+
+    def __init__(self) -> None:
+        # The output streams of this worker attached as their session's writer, by the
+        # credentials that opened them: stdin and the rest from the same credentials go
+        # through them (section 13: an HTTP output stream does not make stdin in_use).
+        self._writers: dict[tuple[str | None, str | None, str], Session] = {}
+
+    async def answer(self, exchange: Exchange) -> None:
+        try:
+            if exchange.foreign is not None:
+                raise ApiError(403, ErrorCode.FORBIDDEN, exchange.foreign)
+            await self._route(exchange)
+        except ApiError as error:
+            await _error(exchange, error)
+        except TooLarge as exc:
+            await _error(exchange, bad_request(str(exc), 413))
+        except RequestError as exc:
+            await _error(exchange, ApiError.of(exc))
+        except ConnectionLost as exc:
+            await _error(exchange, ApiError(503, ErrorCode.SHUTTING_DOWN,
+                                            f"the server ended the request: {exc}",
+                                            retriable=True, headers=[("Retry-After", "1")]))
+        except (SessionDetached, SessionCancelled) as exc:  # a stream whose session was
+            log.info("HTTP %s: %s", exchange.path, exc)  # taken or cancelled: it ends there
+        except TtyserveError as exc:
+            await _error(exchange, bad_request(str(exc)))
+
+    async def _route(self, exchange: Exchange) -> None:
+        path, method = exchange.path.removeprefix(API_PREFIX), exchange.method
+        if path == "openapi.json":
+            _allow(method, "GET")
+            await exchange.answer(200, openapi_document())
+            return
+        if path == "sessions":
+            _allow(method, "GET", "POST")
+            await (self._create(exchange) if method == "POST" else self._list(exchange))
+            return
+        if (match := _SESSION.fullmatch(path)) is None:
+            raise bad_request(f"nothing here at {exchange.path!r} (see {API_PREFIX}"
+                              "openapi.json)", 404)
+        session_id, action = match.group(1), match.group(3)
+        handler = _ACTIONS.get(action)
+        if handler is None:  # the session itself
+            _allow(method, "GET", "DELETE")
+            await (self._status(exchange, session_id) if method == "GET"
+                   else self._cancel(exchange, session_id))
+            return
+        _allow(method, "GET" if action == "output" else "POST")
+        await handler(self, exchange, session_id)
+
+    # --- the requests ------------------------------------------------------------------
+
+    async def _create(self, exchange: Exchange) -> None:
+        request = _decode(await exchange.body(HTTP_MAX_JSON_BODY), CreateSession)
+        async with connection(exchange) as conn:
+            session = await conn.spawn(
+                request.argv, pty=request.pty, rows=request.rows, cols=request.cols,
+                term=request.term, env=request.env, cwd=request.cwd, detachable=True,
+                detached_timeout=request.detached_timeout)
+            if request.stdin is not None:
+                await session.send(request.stdin.encode())
+                await session.eof()
+            await _leave(session)
+        assert session.id is not None and session.pid is not None
+        body = Created(session=session.id, pid=session.pid, pty=bool(session.pty))
+        await exchange.answer(201, msgspec.json.encode(body), JSON,
+                              [("Location", f"{API_PREFIX}sessions/{session.id}")])
+
+    async def _list(self, exchange: Exchange) -> None:
+        async with connection(exchange) as conn:
+            sessions = await conn.list_sessions()
+        await exchange.answer(200, msgspec.json.encode(SessionList(sessions=sessions)), JSON)
+
+    async def _status(self, exchange: Exchange, session_id: str) -> None:
+        wait = _seconds(exchange.query.get("wait"))
+        async with connection(exchange) as conn:
+            info = await _info(conn, session_id)
+            if wait and info.exit is None:
+                with anyio.move_on_after(wait):
+                    watching = await conn.attach(session_id, offsets=info.offsets,
+                                                 role=OBSERVER)
+                    with contextlib.suppress(SessionDetached):
+                        await watching.wait()
+                info = await _info(conn, session_id)
+        await exchange.answer(200, msgspec.json.encode(SessionStatus(
+            session=info.session, argv=info.argv, pid=info.pid, pty=info.pty,
+            started=info.started, attached=info.attached, observers=info.observers,
+            offsets=info.offsets or Offsets(), exit=info.exit)), JSON)
+
+    async def _cancel(self, exchange: Exchange, session_id: str) -> None:
+        await self._write(exchange, session_id, lambda session: session.cancel(), leave=False)
+
+    async def _output(self, exchange: Exchange, session_id: str) -> None:
+        offsets = _offsets(exchange)
+        hello = _hello(exchange)
+        async with connection(exchange, hello) as conn:
+            try:  # the first stream is the session's attachment; the others observe
+                session = await conn.attach(session_id, offsets=offsets)
+            except RequestError as exc:
+                if exc.code not in (ErrorCode.SESSION_IN_USE, ErrorCode.FORBIDDEN):
+                    raise  # (forbidden: an observer grant may only watch)
+                session = await conn.attach(session_id, offsets=offsets, role=OBSERVER)
+            key = (hello.token, hello.grant, session_id)
+            if session.role == WRITER:
+                self._writers[key] = session
+            try:
+                await stream_output(exchange, session)
+            finally:
+                if self._writers.get(key) is session:
+                    del self._writers[key]
+
+    async def _stdin(self, exchange: Exchange, session_id: str) -> None:
+        async def feed(session: Session) -> None:
+            async for piece in exchange.body_pieces():  # paced by the session's window
+                await session.send(piece)
+
+        await self._write(exchange, session_id, feed)
+
+    async def _eof(self, exchange: Exchange, session_id: str) -> None:
+        await exchange.body(0)
+        await self._write(exchange, session_id, lambda session: session.eof())
+
+    async def _signal(self, exchange: Exchange, session_id: str) -> None:
+        body = _decode(await exchange.body(HTTP_MAX_JSON_BODY), SignalBody)
+        await self._write(exchange, session_id, lambda session: session.signal(body.name))
+
+    async def _resize(self, exchange: Exchange, session_id: str) -> None:
+        body = _decode(await exchange.body(HTTP_MAX_JSON_BODY), ResizeBody)
+        await self._write(exchange, session_id,
+                          lambda session: session.resize(body.rows, body.cols))
+
+    async def _write(self, exchange: Exchange, session_id: str,
+                     act: Callable[[Session], Awaitable[None]], leave: bool = True) -> None:
+        """What only the writer may do: through this worker's output stream that holds the
+        session as writer for the same credentials, else attached as writer for this
+        request (session_in_use while another client holds it); then 204."""
+        hello = _hello(exchange)
+        stream = self._writers.get((hello.token, hello.grant, session_id))
+        if stream is not None:
+            await act(stream)
+        else:
+            async with connection(exchange, hello) as conn, anyio.create_task_group() as tg:
+                session = await _writer(conn, session_id, hello.grant is not None)
+                tg.start_soon(_drain, session)  # (else its output, unread, would stop it)
+                await act(session)
+                if leave:
+                    await session.detach()  # the drain ends at `detached` (or the exit)
+        await exchange.answer(204)
+
+
+_ACTIONS: dict[str | None, Callable[[HttpApi, Exchange, str], Awaitable[None]]] = {
+    "output": HttpApi._output, "stdin": HttpApi._stdin, "eof": HttpApi._eof,
+    "signal": HttpApi._signal, "resize": HttpApi._resize}
+
+
+@contextlib.asynccontextmanager
+async def connection(exchange: Exchange, hello: Hello | None = None,
+                     ) -> AsyncIterator[Connection]:
+    """A multiplexed, windowed connection to this server with the request's credentials."""
+    hello = hello or _hello(exchange)
+    transport = await exchange.inner()
+    try:
+        async with connect_over(transport, hello, release=False) as conn:  # (exits kept
+            # --keep-ended: a coordinator may ask for them again)
+            yield conn
+    finally:
+        await transport.aclose()
+
+
+def _hello(exchange: Exchange) -> Hello:
+    """`Authorization: Bearer TOKEN` or `Bearer GRANT` as the `hello`'s token or grant."""
+    credential = None
+    if (authorization := exchange.header("authorization")) is not None:
+        scheme, _, credential = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            raise ApiError(401, ErrorCode.UNAUTHORIZED,
+                           "Authorization must be 'Bearer TOKEN' or 'Bearer GRANT'")
+        credential = credential.strip()
+    grant = credential is not None and _GRANT.fullmatch(credential) is not None
+    return Hello(protocol=PROTOCOL_VERSION, client=f"http {CLIENT_NAME}", multiplex=True,
+                 window=DEFAULT_STDIN_WINDOW, token=None if grant else credential,
+                 grant=credential if grant else None)
+
+
+async def _info(conn: Connection, session_id: str) -> SessionInfo:
+    for info in await conn.list_sessions():
+        if info.session == session_id:
+            return info
+    raise ApiError(404, ErrorCode.NO_SUCH_SESSION,
+                   f"no session {session_id!r}: unknown, ended and collected, or not yours")
+
+
+async def _writer(conn: Connection, session_id: str, grant: bool) -> Session:
+    """The session attached as writer at the end of its output (a grant, which may not
+    `list`, from its ring's oldest byte: _leave reads the replay); session_in_use while
+    another client is attached as its writer."""
+    offsets = None if grant else (await _info(conn, session_id)).offsets
+    return await conn.attach(session_id, offsets=offsets, role=WRITER)
+
+
+async def _leave(session: Session) -> None:
+    """Detach, and read until the server says so (or the exit came first), so that nothing
+    this request sent is lost and the session is left detached for the next client."""
+    await session.detach()
+    await _drain(session)
+
+
+async def _drain(session: Session) -> None:
+    """Read and drop ``session``'s output (its ring keeps it for the output streams) until
+    its channel ends."""
+    with contextlib.suppress(SessionDetached, SessionCancelled, ConnectionLost):
+        while await session.receive() is not None:
+            pass
+
+
+def _allow(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise ApiError(405, ErrorCode.BAD_REQUEST,
+                       f"{method} is not answered here; {', '.join(allowed)} is",
+                       headers=[("Allow", ", ".join(allowed))])
+
+
+def _decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
+    """A request body as ``kind`` (types made by msgspec.defstruct: typed as Any here)."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"the body is not a valid {kind.__name__}: {exc}") from None
+
+
+def _seconds(value: str | None) -> float:
+    """`wait`: seconds, at most HTTP_MAX_WAIT."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise bad_request(f"wait={value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= HTTP_MAX_WAIT:
+        raise bad_request(f"wait={value!r} is outside 0 to {HTTP_MAX_WAIT} seconds")
+    return seconds
+
+
+def _offsets(exchange: Exchange) -> Offsets | None:
+    """Where an output stream begins: `?stdout=N&stderr=M`, or `Last-Event-ID: N,M`; None
+    (the ring's oldest byte) when neither is given."""
+    query = exchange.query
+    if "stdout" in query or "stderr" in query:
+        values = [query.get("stdout", "0"), query.get("stderr", "0")]
+    elif (last := exchange.header("last-event-id")) is not None:
+        values = last.split(",")
+        if len(values) != 2:
+            raise bad_request(f"Last-Event-ID {last!r} is not STDOUT,STDERR")
+    else:
+        return None
+    if not all(value.strip().isdigit() for value in values):
+        raise bad_request(f"offsets {values!r} are not whole numbers of bytes")
+    return Offsets(stdout=int(values[0]), stderr=int(values[1]))
+
+
+async def _error(exchange: Exchange, error: ApiError) -> None:
+    log.info("HTTP %s %s from %s: %d %s: %s", exchange.method, exchange.path,
+             exchange.peer_host, error.status, error.code, error.message)
+    body = ErrorBody(error=ErrorDetail(code=error.code, message=error.message,
+                                       retriable=error.retriable, errno=error.errno))
+    with contextlib.suppress(Exception):  # an answer already begun cannot be an error
+        await exchange.answer(error.status, msgspec.json.encode(body), JSON, error.headers)
