@@ -28,7 +28,15 @@ from ..errors import (
     SessionDetached,
     TtyserveError,
 )
-from ..protocol.messages import OBSERVER, PROTOCOL_VERSION, WRITER, Hello, Offsets, SessionInfo
+from ..protocol.messages import (
+    OBSERVER,
+    PROTOCOL_VERSION,
+    WRITER,
+    Hello,
+    Offsets,
+    SessionInfo,
+    members,
+)
 from ..web.exchange import API_PREFIX, Exchange, TooLarge
 from .openapi import openapi_document
 from .output import stream_output
@@ -91,7 +99,10 @@ class HttpApi:
         try:
             if exchange.foreign is not None:
                 raise ApiError(403, ErrorCode.FORBIDDEN, exchange.foreign)
-            await self._route(exchange)
+            try:
+                await self._route(exchange)
+            except ExceptionGroup as group:  # (from a task group: what ended it)
+                raise _first(group) from None
         except ApiError as error:
             await _error(exchange, error)
         except TooLarge as exc:
@@ -158,12 +169,18 @@ class HttpApi:
         async with connection(exchange) as conn:
             info = await _info(conn, session_id)
             if wait and info.exit is None:
+                watching = None
                 with anyio.move_on_after(wait):
                     watching = await conn.attach(session_id, offsets=info.offsets,
                                                  role=OBSERVER)
                     with contextlib.suppress(SessionDetached):
                         await watching.wait()
-                info = await _info(conn, session_id)
+                try:
+                    info = await _info(conn, session_id)
+                except ApiError:  # ended and forgotten at once (its detached timeout was
+                    if watching is None or watching.status is None:  # over): as seen
+                        raise
+                    info.exit = members(watching.status)
         await exchange.answer(200, msgspec.json.encode(SessionStatus(
             session=info.session, argv=info.argv, pid=info.pid, pty=info.pty,
             started=info.started, attached=info.attached, observers=info.observers,
@@ -221,12 +238,13 @@ class HttpApi:
         if stream is not None:
             await act(stream)
         else:
-            async with connection(exchange, hello) as conn, anyio.create_task_group() as tg:
+            async with connection(exchange, hello) as conn:
                 session = await _writer(conn, session_id, hello.grant is not None)
-                tg.start_soon(_drain, session)  # (else its output, unread, would stop it)
-                await act(session)
-                if leave:
-                    await session.detach()  # the drain ends at `detached` (or the exit)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_drain, session)  # (else its output, unread, stops it)
+                    await act(session)
+                    if leave:
+                        await session.detach()  # the drain ends at `detached` (or exit)
         await exchange.answer(204)
 
 
@@ -293,6 +311,12 @@ async def _drain(session: Session) -> None:
     with contextlib.suppress(SessionDetached, SessionCancelled, ConnectionLost):
         while await session.receive() is not None:
             pass
+
+
+def _first(group: ExceptionGroup[Exception]) -> Exception:
+    """The first exception a task group ended with, out of its (nested) groups."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, ExceptionGroup) else first
 
 
 def _allow(method: str, *allowed: str) -> None:
