@@ -109,10 +109,11 @@ class HttpApi:
             await _error(exchange, bad_request(str(exc), 413))
         except RequestError as exc:
             await _error(exchange, ApiError.of(exc))
-        except ConnectionLost as exc:
-            await _error(exchange, ApiError(503, ErrorCode.SHUTTING_DOWN,
-                                            f"the server ended the request: {exc}",
-                                            retriable=True, headers=[("Retry-After", "1")]))
+        except ConnectionLost as exc:  # (server_restarting, for one: its cause)
+            await _error(exchange, ApiError.of(exc.__cause__) if isinstance(
+                exc.__cause__, RequestError) else ApiError(
+                    503, ErrorCode.SHUTTING_DOWN, f"the server ended the request: {exc}",
+                    retriable=True, headers=[("Retry-After", "1")]))
         except (SessionDetached, SessionCancelled) as exc:  # a stream whose session was
             log.info("HTTP %s: %s", exchange.path, exc)  # taken or cancelled: it ends there
         except TtyserveError as exc:

@@ -347,7 +347,9 @@ class Session:
             try:
                 item = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise self._lost or SessionCancelled("the session was cancelled") from None
+                if self._lost is not None:  # (its cause kept: server_restarting, say)
+                    raise self._lost from self._lost.__cause__
+                raise SessionCancelled("the session was cancelled") from None
             if isinstance(item, OutputChunk):
                 size = len(item.data)
                 self._unread -= size
