@@ -50,6 +50,7 @@ def test_a_wait_during_an_upgrade_hears_503_with_retry_after(api: ApiServer) -> 
     api.server.proc.send_signal(signal.SIGUSR2)
     waiting.join(timeout=30)
     (answer,) = answers
-    assert (answer.status, answer.json()["error"]["code"]) == (503, "server_restarting"), answer.body
+    error = answer.json()["error"]
+    assert (answer.status, error["code"]) == (503, "server_restarting"), error
     assert answer.json()["error"]["retriable"] is True
     assert int(answer.headers["retry-after"]) >= 1
