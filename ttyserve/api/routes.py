@@ -146,19 +146,27 @@ class HttpApi:
 
     async def _create(self, exchange: Exchange) -> None:
         request = _decode(await exchange.body(HTTP_MAX_JSON_BODY), CreateSession)
+        key = exchange.header("idempotency-key")
         async with connection(exchange) as conn:
-            session = await conn.spawn(
-                request.argv, pty=request.pty, rows=request.rows, cols=request.cols,
-                term=request.term, env=request.env, cwd=request.cwd, detachable=True,
-                detached_timeout=request.detached_timeout)
+            if key is not None and (known := await _keyed(conn, key)) is not None:
+                return await _created(exchange, 200, known)
+            try:
+                session = await conn.spawn(
+                    request.argv, pty=request.pty, rows=request.rows, cols=request.cols,
+                    term=request.term, env=request.env, cwd=request.cwd, detachable=True,
+                    detached_timeout=request.detached_timeout, idempotency_key=key)
+            except RequestError as exc:  # the same key, started meanwhile on this worker
+                if (exc.code != ErrorCode.SESSION_IN_USE or key is None
+                        or (known := await _keyed(conn, key)) is None):
+                    raise
+                return await _created(exchange, 200, known)
             if request.stdin is not None:
                 await session.send(request.stdin.encode())
                 await session.eof()
             await _leave(session)
         assert session.id is not None and session.pid is not None
-        body = Created(session=session.id, pid=session.pid, pty=bool(session.pty))
-        await exchange.answer(201, msgspec.json.encode(body), JSON,
-                              [("Location", f"{API_PREFIX}sessions/{session.id}")])
+        await _created(exchange, 201, Created(session=session.id, pid=session.pid,
+                                              pty=bool(session.pty)))
 
     async def _list(self, exchange: Exchange) -> None:
         async with connection(exchange) as conn:
@@ -188,6 +196,7 @@ class HttpApi:
             offsets=info.offsets or Offsets(), exit=info.exit)), JSON)
 
     async def _cancel(self, exchange: Exchange, session_id: str) -> None:
+        """Cancel it (section 4); one that has ended is forgotten (its exit released)."""
         await self._write(exchange, session_id, lambda session: session.cancel(), leave=False)
 
     async def _output(self, exchange: Exchange, session_id: str) -> None:
@@ -239,7 +248,7 @@ class HttpApi:
         if stream is not None:
             await act(stream)
         else:
-            async with connection(exchange, hello) as conn:
+            async with connection(exchange, hello, release=not leave) as conn:
                 session = await _writer(conn, session_id, hello.grant is not None)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_drain, session)  # (else its output, unread, stops it)
@@ -255,14 +264,15 @@ _ACTIONS: dict[str | None, Callable[[HttpApi, Exchange, str], Awaitable[None]]] 
 
 
 @contextlib.asynccontextmanager
-async def connection(exchange: Exchange, hello: Hello | None = None,
+async def connection(exchange: Exchange, hello: Hello | None = None, release: bool = False,
                      ) -> AsyncIterator[Connection]:
-    """A multiplexed, windowed connection to this server with the request's credentials."""
+    """A multiplexed, windowed connection to this server with the request's credentials;
+    exits it reads are kept --keep-ended (a coordinator may ask for them again) unless
+    ``release``."""
     hello = hello or _hello(exchange)
     transport = await exchange.inner()
     try:
-        async with connect_over(transport, hello, release=False) as conn:  # (exits kept
-            # --keep-ended: a coordinator may ask for them again)
+        async with connect_over(transport, hello, release=release) as conn:
             yield conn
     finally:
         await transport.aclose()
@@ -281,6 +291,20 @@ def _hello(exchange: Exchange) -> Hello:
     return Hello(protocol=PROTOCOL_VERSION, client=f"http {CLIENT_NAME}", multiplex=True,
                  window=DEFAULT_STDIN_WINDOW, token=None if grant else credential,
                  grant=credential if grant else None)
+
+
+async def _keyed(conn: Connection, key: str) -> Created | None:
+    """The principal's known session started with Idempotency-Key ``key``, if any (from
+    every worker)."""
+    for info in await conn.list_sessions():
+        if info.idempotency_key == key:
+            return Created(session=info.session, pid=info.pid, pty=info.pty)
+    return None
+
+
+async def _created(exchange: Exchange, status: int, body: Created) -> None:
+    await exchange.answer(status, msgspec.json.encode(body), JSON,
+                          [("Location", f"{API_PREFIX}sessions/{body.session}")])
 
 
 async def _info(conn: Connection, session_id: str) -> SessionInfo:

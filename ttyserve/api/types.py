@@ -21,7 +21,8 @@ def _member(f: msgspec.structs.FieldInfo) -> tuple[str, Any, Any]:
 # HTTP is), and the text to write to its stdin before `eof`.
 CreateSession = msgspec.defstruct(
     "CreateSession",
-    [*(_member(f) for f in msgspec.structs.fields(Open) if f.name != "detachable"),
+    [*(_member(f) for f in msgspec.structs.fields(Open)
+       if f.name not in ("detachable", "idempotency_key")),  # (the key: a header)
      ("stdin", str | None, None)],
     kw_only=True, forbid_unknown_fields=True, omit_defaults=True)
 

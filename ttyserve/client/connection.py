@@ -136,6 +136,7 @@ class Connection:
         detachable: bool = False,
         resume: float | None = None,
         detached_timeout: int | None = None,
+        idempotency_key: str | None = None,
     ) -> Session:
         """Open a session and wait for `opened`. Raises RequestError if refused.
 
@@ -148,14 +149,16 @@ class Connection:
         iterating it and `wait()` go on across the reconnect, every byte once. Without a
         ``heartbeat`` given to `connect`, the connection pings every DEFAULT_HEARTBEAT
         seconds itself, so a silent link is noticed. ``detached_timeout`` (seconds) sets
-        the hang-up of a detachable session without ``resume``.
+        the hang-up of a detachable session without ``resume``. ``idempotency_key``: a
+        detachable session is started once per key while it is known (RequestError
+        session_in_use names the first).
         """
         if resume is not None:
             detachable = True
             detached_timeout = _whole_seconds(resume)
         request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
                        env=dict(env or {}), cwd=cwd, detachable=detachable,
-                       detached_timeout=detached_timeout)
+                       detached_timeout=detached_timeout, idempotency_key=idempotency_key)
         return await self._begin(request, pty, resume)
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,

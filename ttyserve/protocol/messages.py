@@ -59,6 +59,10 @@ class Open(Message, tag="open"):
     cwd: str | None = None
     detachable: bool = False  # section 9: it outlives its connection
     detached_timeout: Annotated[int, msgspec.Meta(ge=1)] | None = None  # section 10, seconds
+    # Section 13's Idempotency-Key (this server's extension, for its HTTP door): a second
+    # detachable `open` of the principal with the same key, while the first is known, gets
+    # session_in_use naming it.
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
 
 
 class Offsets(msgspec.Struct, kw_only=True):
@@ -241,6 +245,7 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     observers: int = 0  # section 11: channels watching it
     grants: list[GrantInfo] = []  # section 11: its open grants
     offsets: Offsets | None = None  # the output so far, per stream (section 13's status)
+    idempotency_key: str | None = None  # as its `open` gave it
 
 
 class Sessions(Message, tag="sessions"):

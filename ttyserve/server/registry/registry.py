@@ -121,6 +121,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self.closing = False  # a graceful shutdown began: no new sessions
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
+        self._opening_keys: set[tuple[str, str]] = set()  # their owners' idempotency keys
         self._noting = 0  # detach and attach records not written yet
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -178,10 +179,14 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         """Admit and spawn a session, its start record on disk before it is returned (so
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
+        self._check_key(request, owner)
         session_id = self._new_id(request.detachable)
         spec = self._admit_open(request, peer, sessions_here, session_id)
         self._opening += 1  # counted against --max-sessions while it awaits
         self.count()
+        keyed = (owner, request.idempotency_key) if request.idempotency_key else None
+        if keyed is not None:
+            self._opening_keys.add(keyed)
         try:
             try:
                 process = await self.backend.spawn(spec)
@@ -194,6 +199,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                 raise _spawn_failed(exc, peer) from exc
             session = self._session(session_id, process, spec, owner, peer,
                                     request.detachable, request.detached_timeout)
+            session.key = request.idempotency_key
             # Shielded: a cancel now must not leave a process without its record, nor its
             # owner.
             session.life.recorded = await self._record(lambda journal: journal.append(
@@ -201,8 +207,23 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                                      process.cgroup_path)))
         finally:
             self._opening -= 1
+            if keyed is not None:
+                self._opening_keys.discard(keyed)
             self.count()
         return self._admitted(session)
+
+    def _check_key(self, request: Open, owner: str) -> None:
+        """Section 13's Idempotency-Key: session_in_use, naming the session, when one of
+        ``owner``'s known sessions here (or one opening) has the key."""
+        key = request.idempotency_key
+        if key is None:
+            return
+        if not request.detachable:
+            raise RequestError(ErrorCode.BAD_REQUEST, "idempotency_key needs detachable: true")
+        same = [s.id for s in self.sessions.values() if s.key == key and s.owner == owner]
+        if same or (owner, key) in self._opening_keys:
+            raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
+                               f"key exists: {same[0] if same else '(opening)'}")
 
     def open_nowait(self, request: Open, owner: str, peer: str,
                     sessions_here: int) -> ServerSession | None:
@@ -212,6 +233,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         spawn_nowait = self._spawn_nowait
         if self.journal is not None or spawn_nowait is None:
             return None
+        self._check_key(request, owner)
         session_id = self._new_id(request.detachable)
         spec = self._admit_open(request, peer, sessions_here, session_id)
         try:
@@ -219,9 +241,10 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         except OSError as exc:
             self.count()
             raise _spawn_failed(exc, peer) from exc
-        return self._admitted(
-            self._session(session_id, process, spec, owner, peer, request.detachable,
-                          request.detached_timeout))
+        session = self._session(session_id, process, spec, owner, peer, request.detachable,
+                                request.detached_timeout)
+        session.key = request.idempotency_key
+        return self._admitted(session)
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
@@ -361,7 +384,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             grants=[grant.info() for grant in self.grants.of_session(s.id)],
                             offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
                                             stderr=s.ring.end[FrameKind.STDERR])
-                            if s.ring is not None else None)
+                            if s.ring is not None else None, idempotency_key=s.key)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------

@@ -51,7 +51,7 @@ class ServerSession:
         "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_linger",
         "_linger_timer", "_open_streams", "_pump_tasks", "_pumps", "_redrawn_at", "_scope",
         "_settled", "_start_task", "_stderr", "_stderr_watch", "_typed_at", "bytes_in",
-        "bytes_out", "delivered_at", "detached_at", "detached_timeout", "fault", "id",
+        "bytes_out", "delivered_at", "detached_at", "detached_timeout", "fault", "id", "key",
         "life", "modes", "observers", "on_delivered", "owner", "peer", "process",
         "released", "ring", "sink", "size", "spec", "started", "stdin", "taps", "typing",
     )
@@ -62,6 +62,7 @@ class ServerSession:
                  detached_timeout: float = DEFAULT_DETACHED_TIMEOUT,
                  kill_leftovers: bool = True, typing: Typing | None = None) -> None:
         self.id = session_id
+        self.key: str | None = None  # its `open`'s idempotency_key (section 13)
         self.process = process
         self.spec = spec
         self.peer = peer  # for the journal and the logs

@@ -1,0 +1,45 @@
+"""Section 13's Idempotency-Key: a retry with the same key starts nothing and answers 200 with
+the first session's body, whichever worker it reaches; another key runs again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SH
+from http_api import ApiServer, request
+
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def post(api: ApiServer, body: dict[str, object], key: str) -> tuple[int, dict[str, object]]:
+    answer = request(api, "POST", "/sessions", json.dumps(body).encode(),
+                     headers={"Idempotency-Key": key})
+    return answer.status, answer.json()
+
+
+def test_one_key_runs_the_command_once(api: ApiServer, short_dir: Path) -> None:
+    log = short_dir / "appended"
+    body = {"argv": [SH, "-c", f"echo ran >> {log}; sleep 30"], "pty": False}
+    first = post(api, body, "job-1")
+    assert first[0] == 201
+    for _ in range(4):  # retries, on new connections: with workers, on either worker
+        assert post(api, body, "job-1") == (200, first[1])
+    other = post(api, body, "job-2")
+    assert other[0] == 201 and other[1]["session"] != first[1]["session"]
+    for answer in (first, other):  # both ran: the file has their two lines
+        ended = request(api, "DELETE", f"/sessions/{answer[1]['session']}")
+        assert ended.status == 204
+    assert log.read_text() == "ran\nran\n"
+
+
+def test_a_key_is_free_again_once_its_session_is_forgotten(api: ApiServer) -> None:
+    body = {"argv": ["true"], "pty": False}
+    status, first = post(api, body, "again")
+    assert status == 201
+    # Ended: DELETE forgets it (its exit released).
+    assert request(api, "DELETE", f"/sessions/{first['session']}").status == 204
+    assert request(api, "GET", f"/sessions/{first['session']}").status == 404
+    status, second = post(api, body, "again")
+    assert status == 201 and second["session"] != first["session"]
