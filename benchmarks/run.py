@@ -35,6 +35,7 @@ from .systems import (
     RawCgroupSystem,
     RawSystem,
     System,
+    TtyserveHttpSystem,
     TtyserveLibSystem,
     TtyserveNoCgroupSystem,
     TtyserveObservedSystem,
@@ -97,7 +98,8 @@ class WorkloadResult:
 def make_systems(names: list[str], workdir: str) -> list[System]:
     factories: dict[str, Callable[[str], System]] = {
         "raw": RawSystem, "ttyserve": TtyserveSystem, "ttyserve-lib": TtyserveLibSystem,
-        "ttyserve-ws": TtyserveWsSystem, "ttyserve-resume": TtyserveResumeSystem,
+        "ttyserve-ws": TtyserveWsSystem, "ttyserve-http": TtyserveHttpSystem,
+        "ttyserve-resume": TtyserveResumeSystem,
         "asyncssh": AsyncsshSystem, "openssh": OpenSSHSystem,
         "pdsh": PdshSystem, "raw-cgroup": RawCgroupSystem,
         "ttyserve-nocg": TtyserveNoCgroupSystem,

@@ -907,3 +907,92 @@ class PdshSystem(System):
         from .fanout import run_once
 
         return run_once("pdsh", targets, parallel, self.workdir, over=over)
+
+
+class TtyserveHttpSystem(TtyserveLibSystem):
+    """The same server's HTTP API (protocol section 13) on its `ws:` listener, driven with
+    the standard library's http.client: `POST /api/v1/sessions`, then its output stream
+    (NDJSON, base64) to the `exit` event."""
+
+    name = "ttyserve-http"
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 ) -> tuple[Any, Any]:
+        import http.client
+
+        host, port = self.server.address("ws").removeprefix("ws:").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        headers = {"Authorization": f"Bearer {self.server.token}"} if self.server.token else {}
+        conn.request(method, f"/api/v1{path}", body=body, headers=headers)
+        return conn, conn.getresponse()
+
+    def _run(self, argv: list[str], pty: bool, gate: str | None = None) -> tuple[int, int]:
+        """Start ``argv``, read its stream to the exit: (bytes of output, exit code). With
+        ``gate`` (a FIFO), the command waits for a line there, written once the stream is
+        attached: what it prints before then would go to its scrollback alone."""
+        import msgspec
+
+        if gate is not None:
+            argv = ["sh", "-c", f"read go < {gate}; exec {shlex.join(argv)}"]
+        conn, answer = self._request("POST", "/sessions", msgspec.json.encode(
+            {"argv": argv, "pty": pty}))
+        created = msgspec.json.decode(answer.read())
+        conn.close()
+        if answer.status != 201:
+            raise RuntimeError(f"POST /sessions: {answer.status} {created}")
+        conn, answer = self._request("GET", f"/sessions/{created['session']}/output")
+        decode = msgspec.json.Decoder(dict[str, Any]).decode
+        nbytes, code = 0, None
+        try:
+            for line in answer:
+                event = decode(line)
+                if event["type"] == "attached" and gate is not None:
+                    with open(gate, "w") as fifo:
+                        fifo.write("go\n")
+                elif event["type"] == "output":
+                    nbytes += len(event["data"]) * 3 // 4 - event["data"][-2:].count("=")
+                elif event["type"] == "exit":
+                    code = event["code"]
+        finally:
+            conn.close()
+        if code is None:
+            raise RuntimeError("the output stream ended before the exit")
+        return nbytes, code
+
+    def stream(self, argv: list[str], pty: bool, transport: str) -> Transfer:
+        gate = os.path.join(self.server.workdir, f"gate-{time.monotonic_ns()}")
+        os.mkfifo(gate)
+        try:
+            start = now()
+            nbytes, code = self._run(argv, pty, gate)
+        finally:
+            os.unlink(gate)
+        if code != 0:
+            raise RuntimeError(f"{argv[0]}: exit {code}")
+        return Transfer(nbytes, now() - start)
+
+    def startup(self, transport: str) -> float:
+        """From `POST /api/v1/sessions` of `true` to its `exit` event."""
+        start = now()
+        _, code = self._run(["true"], False)
+        if code != 0:
+            raise RuntimeError(f"true: exit {code}")
+        return now() - start
+
+    def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
+        raise NotApplicable
+
+    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
+        raise NotApplicable
+
+    def reattach(self, ring: int) -> tuple[float, int]:
+        raise NotApplicable
+
+    def unavailable(self) -> str | None:
+        import importlib.util
+
+        if "--allow-origin" not in serve_flags():
+            return "this ttyserve has no ws: listener"
+        if importlib.util.find_spec("ttyserve.api") is None:
+            return "this ttyserve has no HTTP API"
+        return None

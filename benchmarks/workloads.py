@@ -521,10 +521,11 @@ def measure_resume(system: System, ctx: Context) -> dict[str, float]:
 
 
 PEERS = ("raw", "ttyserve", "ttyserve-lib", "ttyserve-ws", "asyncssh", "openssh", "pdsh")
+HTTP = "ttyserve-http"  # section 13's API: pipe output (beside ttyserve-ws) and start-up
 # The rows one client makes, where `--workers auto` (ttyserve's default) must not be worse
 # than one process (ttyserve-w1).
 ONE_CLIENT = ("raw", "ttyserve", "ttyserve-w1", *PEERS[2:])
-ALL_SYSTEMS = (*PEERS, "ttyserve-resume",  # (compared only with ttyserve-lib)
+ALL_SYSTEMS = (*PEERS, HTTP, "ttyserve-resume",  # (compared only with ttyserve-lib)
                "ttyserve-w1",  # (one process: beside `ttyserve`, whose default is auto)
                "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
                "ttyserve-unobserved", "ttyserve-observed",  # (observers' cost: each other)
@@ -542,7 +543,7 @@ WORKLOADS = [
         [Metric("mbps", "MB/s", True), Metric("cpu_per_gb", "server CPU s/GB")],
         [Target("mbps", ">=", 0.4, "raw"), Target("mbps", ">=", 10, "asyncssh"),
          Target("mbps", ">=", 0.8, "ttyserve-lib", system="ttyserve-ws")],
-        ONE_CLIENT, measure_pipe_output),
+        (*ONE_CLIENT, HTTP), measure_pipe_output),
     Workload(
         "echo", "Keystroke echo: 1-byte writes to cat under a raw PTY",
         [Metric("p50_us", "p50 us"), Metric("p99_us", "p99 us")],
@@ -599,7 +600,7 @@ WORKLOADS = [
          Metric("warm_ms", "ms, median of 7, a warm server running")],
         [Target("wall_ms", "<=", 60), Target("wall_ms", "<=", 2.5, "raw"),
          Target("warm_ms", "<=", 4, "raw")],
-        ("raw", "ttyserve", "ttyserve-lib", "asyncssh", "openssh"), measure_startup),
+        ("raw", "ttyserve", "ttyserve-lib", HTTP, "asyncssh", "openssh"), measure_startup),
     Workload(
         "fanout", f"Fan-out: `uname -n` on N local serve --stdio targets, {FANOUT_PARALLEL} "
                   "at once (pdsh: its exec module)",
