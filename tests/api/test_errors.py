@@ -3,6 +3,7 @@ the server serving on; wait, and in_use."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from pathlib import Path
@@ -107,3 +108,27 @@ async def test_stdin_is_in_use_while_a_framed_writer_is_attached(api: ApiServer)
     stream = events(api, session)
     assert stream[-1] == {"type": "exit", "code": 0}
     assert output_of(stream) == b"after\n"
+
+
+def test_stdin_goes_in_while_an_http_stream_holds_the_session(api: ApiServer) -> None:
+    """An HTTP output stream does not make stdin in_use (section 13), whichever worker the
+    stdin request reaches (with workers: the stream gives its role up for the moment)."""
+    session = create(api, argv=["cat"], pty=False)
+    host, port = api.url.split("//")[1].split("/")[0].split(":")
+    stream = http.client.HTTPConnection(host, int(port), timeout=30)
+    stream.request("GET", f"/api/v1/sessions/{session}/output",
+                   headers={"Authorization": f"Bearer {api.token}"})
+    answer = stream.getresponse()
+    try:
+        assert json.loads(answer.readline())["type"] == "attached"
+        while not request(api, "GET", f"/sessions/{session}").json()["attached"]:
+            time.sleep(0.01)  # (the stream is the session's writer)
+        sent = [b"line-%d\n" % n for n in range(20)]
+        for line in sent:  # each on a connection of its own: on either worker
+            assert request(api, "POST", f"/sessions/{session}/stdin", line).status == 204
+        assert request(api, "POST", f"/sessions/{session}/eof").status == 204
+        got = [json.loads(line) for line in answer]
+    finally:
+        stream.close()
+    assert got[-1] == {"type": "exit", "code": 0}
+    assert output_of(got) == b"".join(sent)

@@ -3,11 +3,14 @@ server-sent events, from the offsets asked for, paced by its reader, the exit la
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import msgspec
 
 from ..client.session import OutputChunk, Session
-from ..protocol.messages import Offsets, members
+from ..errors import SessionDetached
+from ..protocol.messages import STOLEN, Offsets, members
 from ..web.exchange import Exchange
 from .types import AttachedEvent, ExitEvent, OutputEvent, SkippedEvent
 
@@ -21,9 +24,12 @@ def wants_events(exchange: Exchange) -> bool:
     return EVENT_STREAM in (exchange.header("accept") or "")
 
 
-async def stream_output(exchange: Exchange, session: Session) -> None:
+async def stream_output(exchange: Exchange, session: Session,
+                        again: Callable[[Offsets], Awaitable[Session]]) -> None:
     """Send ``session``'s events until its exit, or until the client goes away (the
-    connection to the server then closes, and the session is detached, not ended)."""
+    connection to the server then closes, and the session is detached, not ended). When an
+    HTTP write took the session's writer role for a moment (`detached` stolen), ``again``
+    attaches it anew from the offsets sent so far."""
     sse = wants_events(exchange)
     await exchange.begin_stream(EVENT_STREAM if sse else NDJSON)
     held = Offsets(stdout=session.began.stdout, stderr=session.began.stderr)
@@ -35,9 +41,18 @@ async def stream_output(exchange: Exchange, session: Session) -> None:
         else:
             await exchange.send(line + b"\n")
 
-    async def events() -> None:
+    async def events(session: Session) -> None:
         await send(AttachedEvent(offsets=Offsets(stdout=held.stdout, stderr=held.stderr)))
-        while (item := await session.next_event()) is not None:
+        while True:
+            try:
+                item = await session.next_event()
+            except SessionDetached as exc:
+                if exc.reason != STOLEN:
+                    raise
+                session = await again(Offsets(stdout=held.stdout, stderr=held.stderr))
+                continue
+            if item is None:
+                break
             if isinstance(item, OutputChunk):
                 setattr(held, item.stream, item.offset + len(item.data))
                 await send(OutputEvent(stream=item.stream, offset=item.offset,
@@ -52,6 +67,6 @@ async def stream_output(exchange: Exchange, session: Session) -> None:
         tasks.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(events)
+        tasks.start_soon(events, session)
         await exchange.until_gone()
         tasks.cancel_scope.cancel()

@@ -59,6 +59,9 @@ STATUS: dict[str, int] = {
     ErrorCode.READ_ONLY: 403, ErrorCode.NO_SUCH_SESSION: 404, ErrorCode.SESSION_IN_USE: 409,
     ErrorCode.SPAWN_FAILED: 422, ErrorCode.BUSY: 429, ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.SERVER_RESTARTING: 503}
+HANDBACK_WAIT = 10.0  # seconds an output stream waits for its writer role back
+HANDBACK_POLL = 0.005  # seconds between its attempts
+HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
 _GRANT = re.compile(r"g(\d+\.)?[A-Za-z0-9_-]{43}")  # as grants.py makes them
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
 JSON = "application/json"
@@ -88,12 +91,6 @@ def bad_request(message: str, status: int = 400) -> ApiError:
 
 class HttpApi:
     """Answers every request under /api/v1/ (the front door hands them here)."""
-
-    def __init__(self) -> None:
-        # The output streams of this worker attached as their session's writer, by the
-        # credentials that opened them: stdin and the rest from the same credentials go
-        # through them (section 13: an HTTP output stream does not make stdin in_use).
-        self._writers: dict[tuple[str | None, str | None, str], Session] = {}
 
     async def answer(self, exchange: Exchange) -> None:
         try:
@@ -209,14 +206,19 @@ class HttpApi:
                 if exc.code not in (ErrorCode.SESSION_IN_USE, ErrorCode.FORBIDDEN):
                     raise  # (forbidden: an observer grant may only watch)
                 session = await conn.attach(session_id, offsets=offsets, role=OBSERVER)
-            key = (hello.token, hello.grant, session_id)
-            if session.role == WRITER:
-                self._writers[key] = session
-            try:
-                await stream_output(exchange, session)
-            finally:
-                if self._writers.get(key) is session:
-                    del self._writers[key]
+
+            async def again(held: Offsets) -> Session:
+                """The writer role back, once the HTTP write that took it is done."""
+                with anyio.fail_after(HANDBACK_WAIT):
+                    while True:
+                        try:
+                            return await conn.attach(session_id, offsets=held)
+                        except RequestError as exc:
+                            if exc.code != ErrorCode.SESSION_IN_USE:
+                                raise
+                        await anyio.sleep(HANDBACK_POLL)  # (no event says it is free)
+
+            await stream_output(exchange, session, again)
 
     async def _stdin(self, exchange: Exchange, session_id: str) -> None:
         async def feed(session: Session) -> None:
@@ -240,21 +242,16 @@ class HttpApi:
 
     async def _write(self, exchange: Exchange, session_id: str,
                      act: Callable[[Session], Awaitable[None]], leave: bool = True) -> None:
-        """What only the writer may do: through this worker's output stream that holds the
-        session as writer for the same credentials, else attached as writer for this
-        request (session_in_use while another client holds it); then 204."""
+        """What only the writer may do, attached as the session's writer for this request
+        (session_in_use while a client of the framed protocol holds it); then 204."""
         hello = _hello(exchange)
-        stream = self._writers.get((hello.token, hello.grant, session_id))
-        if stream is not None:
-            await act(stream)
-        else:
-            async with connection(exchange, hello, release=not leave) as conn:
-                session = await _writer(conn, session_id, hello.grant is not None)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_drain, session)  # (else its output, unread, stops it)
-                    await act(session)
-                    if leave:
-                        await session.detach()  # the drain ends at `detached` (or exit)
+        async with connection(exchange, hello, release=not leave) as conn:
+            session = await _writer(conn, session_id, hello.grant is not None)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_drain, session)  # (else its output, unread, stops it)
+                await act(session)
+                if leave:
+                    await session.detach()  # the drain ends at `detached` (or the exit)
         await exchange.answer(204)
 
 
@@ -317,10 +314,22 @@ async def _info(conn: Connection, session_id: str) -> SessionInfo:
 
 async def _writer(conn: Connection, session_id: str, grant: bool) -> Session:
     """The session attached as writer at the end of its output (a grant, which may not
-    `list`, from its ring's oldest byte: _leave reads the replay); session_in_use while
-    another client is attached as its writer."""
-    offsets = None if grant else (await _info(conn, session_id)).offsets
-    return await conn.attach(session_id, offsets=offsets, role=WRITER)
+    `list`, from its ring's oldest byte: _leave reads the replay); session_in_use while a
+    client of the framed protocol is attached as its writer. An HTTP output stream that is
+    (on another worker) gives the role up for the moment (steal): it attaches again."""
+    if grant:
+        return await conn.attach(session_id, role=WRITER)
+    for _ in range(HANDBACK_TRIES):
+        info = await _info(conn, session_id)
+        try:
+            return await conn.attach(session_id, offsets=info.offsets, role=WRITER,
+                                     steal=info.attached_by == "http")
+        except RequestError as exc:  # an HTTP stream took the role back meanwhile: again
+            if exc.code != ErrorCode.SESSION_IN_USE or (
+                    await _info(conn, session_id)).attached_by != "http":
+                raise
+    raise ApiError(409, ErrorCode.SESSION_IN_USE, "the session's HTTP output stream kept "
+                   "its writer role")
 
 
 async def _leave(session: Session) -> None:

@@ -246,6 +246,7 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     grants: list[GrantInfo] = []  # section 11: its open grants
     offsets: Offsets | None = None  # the output so far, per stream (section 13's status)
     idempotency_key: str | None = None  # as its `open` gave it
+    attached_by: str | None = None  # "http": its writer is an HTTP output stream (section 13)
 
 
 class Sessions(Message, tag="sessions"):

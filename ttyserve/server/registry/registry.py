@@ -384,7 +384,9 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             grants=[grant.info() for grant in self.grants.of_session(s.id)],
                             offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
                                             stderr=s.ring.end[FrameKind.STDERR])
-                            if s.ring is not None else None, idempotency_key=s.key)
+                            if s.ring is not None else None, idempotency_key=s.key,
+                            attached_by="http" if s.sink is not None
+                            and s.sink.peer.startswith("http:") else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------
