@@ -129,6 +129,7 @@ def test_stdin_goes_in_while_an_http_stream_holds_the_session(api: ApiServer) ->
         assert request(api, "POST", f"/sessions/{session}/eof").status == 204
         got = [json.loads(line) for line in answer]
     finally:
+        answer.close()  # (the response holds the socket too)
         stream.close()
     assert got[-1] == {"type": "exit", "code": 0}
     assert output_of(got) == b"".join(sent)

@@ -90,8 +90,9 @@ def read_with_cuts(api: ApiServer, session: str, sse: bool, cuts: int) -> list[d
                 if sse:
                     assert ident == f"{offsets[0]},{offsets[1]}"
                 budget = None if budget is None else budget - 1
-        finally:
-            conn.close()  # mid-stream: the server detaches the session, loses nothing
+        finally:  # mid-stream: the server detaches the session, loses nothing
+            answer.close()  # (the response holds the socket too)
+            conn.close()
     raise AssertionError("no exit after the last cut")
 
 
@@ -118,3 +119,29 @@ def test_a_five_mebibyte_stdin_body_is_taken_whole(api: ApiServer) -> None:
     assert request(api, "POST", f"/sessions/{session}/eof").status == 204
     digest = hashlib.sha256(data).hexdigest().encode()
     assert output_of(events(api, session)) == digest + b"  -\n"
+
+
+def test_a_reader_that_stops_holds_only_its_own_session(api: ApiServer) -> None:
+    """Flow control from the HTTP reader to the process: a flood whose stream is not read
+    stops where the window and the socket buffers are full, and other sessions go on."""
+    flood = create(api, argv=["cat", "/dev/zero"], pty=False)
+    host, port = api.url.split("//")[1].split("/")[0].split(":")
+    stalled = http.client.HTTPConnection(host, int(port), timeout=30)
+    stalled.request("GET", f"/api/v1/sessions/{flood}/output",
+                    headers={"Authorization": f"Bearer {api.token}"})
+    answer = stalled.getresponse()
+    try:
+        assert json.loads(answer.readline())["type"] == "attached"  # and nothing more read
+        other = create(api, argv=["seq", "1", "20000"], pty=False)
+        assert output_of(events(api, other)) == b"".join(
+            b"%d\n" % n for n in range(1, 20_001))
+        before = request(api, "GET", f"/sessions/{flood}").json()["offsets"]["stdout"]
+        timer = create(api, argv=["sleep", "30"], pty=False)  # a second, by `wait`
+        assert request(api, "GET", f"/sessions/{timer}?wait=1").json()["exit"] is None
+        after = request(api, "GET", f"/sessions/{flood}").json()["offsets"]["stdout"]
+        assert after - before < 16 << 20, (before, after)  # unpaced: hundreds of MB a second
+        assert request(api, "DELETE", f"/sessions/{timer}").status == 204
+    finally:
+        answer.close()  # (the response holds the socket too)
+        stalled.close()
+    assert request(api, "DELETE", f"/sessions/{flood}").status == 204
