@@ -81,8 +81,7 @@ class ServerSession:
         self.taps: list[Tap] = []  # a recording, say: sees all output
         self.observers: list[Observer] = []  # channels that watch it (section 11)
         self.on_delivered: Callable[[ServerSession], None] | None = None  # its exit went out
-        self.bytes_in = 0
-        self.bytes_out = 0
+        self.bytes_in = self.bytes_out = 0
         self.typing = typing  # the server's: while anyone types, others read small
         self._typed_at = 0.0  # when a keystroke last came in (PTY sessions)
         self.stdin = StdinQueue(process, self._stdin_consumed, start_task)
