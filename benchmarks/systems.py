@@ -909,7 +909,7 @@ class PdshSystem(System):
         return run_once("pdsh", targets, parallel, self.workdir, over=over)
 
 
-class TtyserveHttpSystem(TtyserveLibSystem):
+class TtyserveHttpSystem(TtyserveWsSystem):
     """The same server's HTTP API (protocol section 13) on its `ws:` listener, driven with
     the standard library's http.client: `POST /api/v1/sessions`, then its output stream
     (NDJSON, base64) to the `exit` event."""
@@ -982,17 +982,9 @@ class TtyserveHttpSystem(TtyserveLibSystem):
     def echo(self, argv: list[str], rounds: int, transport: str) -> list[float]:
         raise NotApplicable
 
-    def sessions(self, argv: list[str], count: int, transport: str) -> SessionRun:
-        raise NotApplicable
-
-    def reattach(self, ring: int) -> tuple[float, int]:
-        raise NotApplicable
-
     def unavailable(self) -> str | None:
         import importlib.util
 
-        if "--allow-origin" not in serve_flags():
-            return "this ttyserve has no ws: listener"
         if importlib.util.find_spec("ttyserve.api") is None:
             return "this ttyserve has no HTTP API"
-        return None
+        return super().unavailable()

@@ -290,6 +290,17 @@ async def stdio_server(*args: str, env: dict[str, str] | None = None, **popen: A
         process.stderr.close()
 
 
+def tls_files(directory: Path) -> None:
+    """cert.pem and key.pem for 127.0.0.1, and ca.pem that signed them (trustme)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(directory / "key.pem"))
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+
+
 def token_file(directory: Path, token: str) -> Path:
     """A token file as `serve` and `exec` take one: its owner's alone."""
     path = directory / "token"

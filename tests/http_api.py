@@ -87,3 +87,22 @@ def events(api: ApiServer, session_id: str, query: str = "") -> list[dict[str, A
 def output_of(stream: list[dict[str, Any]], name: str = "stdout") -> bytes:
     return b"".join(base64.b64decode(e["data"]) for e in stream
                     if e["type"] == "output" and e["stream"] == name)
+
+
+def open_stream(api: ApiServer, session: str, offsets: tuple[int, int] | None = None,
+                sse: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """An output stream, its answer's head read (the caller closes both)."""
+    host, port = api.url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Authorization": f"Bearer {api.token}"}
+    path = f"/api/v1/sessions/{session}/output"
+    if sse:
+        headers["Accept"] = "text/event-stream"
+        if offsets is not None:
+            headers["Last-Event-ID"] = f"{offsets[0]},{offsets[1]}"
+    elif offsets is not None:
+        path += f"?stdout={offsets[0]}&stderr={offsets[1]}"
+    conn.request("GET", path, headers=headers)
+    answer = conn.getresponse()
+    assert answer.status == 200
+    return conn, answer

@@ -3,7 +3,6 @@ the server serving on; wait, and in_use."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from pathlib import Path
@@ -11,7 +10,15 @@ from pathlib import Path
 import anyio
 import pytest
 from helpers import SH
-from http_api import ApiServer, api_server, create, events, output_of, request
+from http_api import (
+    ApiServer,
+    api_server,
+    create,
+    events,
+    open_stream,
+    output_of,
+    request,
+)
 
 from ttyserve.client import connect
 from ttyserve.defaults import HTTP_MAX_JSON_BODY
@@ -114,11 +121,7 @@ def test_stdin_goes_in_while_an_http_stream_holds_the_session(api: ApiServer) ->
     """An HTTP output stream does not make stdin in_use (section 13), whichever worker the
     stdin request reaches (with workers: the stream gives its role up for the moment)."""
     session = create(api, argv=["cat"], pty=False)
-    host, port = api.url.split("//")[1].split("/")[0].split(":")
-    stream = http.client.HTTPConnection(host, int(port), timeout=30)
-    stream.request("GET", f"/api/v1/sessions/{session}/output",
-                   headers={"Authorization": f"Bearer {api.token}"})
-    answer = stream.getresponse()
+    stream, answer = open_stream(api, session)
     try:
         assert json.loads(answer.readline())["type"] == "attached"
         while not request(api, "GET", f"/sessions/{session}").json()["attached"]:

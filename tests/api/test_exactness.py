@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_api import ApiServer, api_server, create, events, output_of, request
+from http_api import ApiServer, api_server, create, events, open_stream, output_of, request
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -31,24 +31,6 @@ def roomy(short_dir: Path, workers: int) -> Iterator[ApiServer]:
         yield served
     finally:
         served.server.stop()
-
-
-def open_stream(api: ApiServer, session: str, offsets: tuple[int, int] | None,
-                sse: bool) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    host, port = api.url.split("//")[1].split("/")[0].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    headers = {"Authorization": f"Bearer {api.token}"}
-    path = f"/api/v1/sessions/{session}/output"
-    if sse:
-        headers["Accept"] = "text/event-stream"
-        if offsets is not None:
-            headers["Last-Event-ID"] = f"{offsets[0]},{offsets[1]}"
-    elif offsets is not None:
-        path += f"?stdout={offsets[0]}&stderr={offsets[1]}"
-    conn.request("GET", path, headers=headers)
-    answer = conn.getresponse()
-    assert answer.status == 200
-    return conn, answer
 
 
 def next_event(answer: http.client.HTTPResponse, sse: bool) -> tuple[dict[str, Any], str]:
@@ -125,11 +107,7 @@ def test_a_reader_that_stops_holds_only_its_own_session(api: ApiServer) -> None:
     """Flow control from the HTTP reader to the process: a flood whose stream is not read
     stops where the window and the socket buffers are full, and other sessions go on."""
     flood = create(api, argv=["cat", "/dev/zero"], pty=False)
-    host, port = api.url.split("//")[1].split("/")[0].split(":")
-    stalled = http.client.HTTPConnection(host, int(port), timeout=30)
-    stalled.request("GET", f"/api/v1/sessions/{flood}/output",
-                    headers={"Authorization": f"Bearer {api.token}"})
-    answer = stalled.getresponse()
+    stalled, answer = open_stream(api, flood)
     try:
         assert json.loads(answer.readline())["type"] == "attached"  # and nothing more read
         other = create(api, argv=["seq", "1", "20000"], pty=False)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import trustme
-from helpers import start_server, token_file
+from helpers import start_server, tls_files, token_file
 from http_api import TOKEN, ApiServer, need, request
 
 from ttyserve.api.types import CreateSession
@@ -46,11 +45,7 @@ def test_argv_over_the_listeners_limit_is_refused(api: ApiServer) -> None:
 
 def test_the_api_is_served_on_wss(short_dir: Path, workers: int) -> None:
     curl = need("curl", "curl")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(short_dir / "cert.pem"))
-    cert.private_key_pem.write_to_path(str(short_dir / "key.pem"))
-    ca.cert_pem.write_to_path(str(short_dir / "ca.pem"))
+    tls_files(short_dir)
     server = start_server(short_dir, "--tls-cert", str(short_dir / "cert.pem"), "--tls-key",
                           str(short_dir / "key.pem"), "--token-file",
                           str(token_file(short_dir, TOKEN)), listen=["wss:127.0.0.1:0"])

@@ -20,6 +20,7 @@ from helpers import (
     raw_peer,
     start_server,
     token_file,
+    wait_until,
 )
 
 from ttyserve.client import connect
@@ -371,8 +372,16 @@ async def test_unshare_detaches_the_grants_channels_at_once_with_revoked(
                 await owner.unshare(shared.grant)
             assert again.value.code == "no_such_session"
         await session.eof()
-        records = read_file(str(short_dir / "j.jsonl")).records
-        text = (short_dir / "j.jsonl").read_text()
+        # (records of a share, an unshare and a detach are written in a task, soon after)
+        journal = short_dir / "j.jsonl"
+        def written() -> bool:
+            records = read_file(str(journal)).records
+            return any(isinstance(r, SessionUnshare) for r in records) and sum(
+                isinstance(r, SessionDetach) and r.reason == "revoked" for r in records) == 2
+
+        assert await wait_until(written, timeout=10)
+        records = read_file(str(journal)).records
+        text = journal.read_text()
         assert shared.grant not in text and kept.grant not in text  # never the grant itself
         shares = [r for r in records if isinstance(r, SessionShare)]
         assert {(r.grant, r.role) for r in shares} == {(shared.id, "observer"),

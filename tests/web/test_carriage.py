@@ -12,8 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-import trustme
-from helpers import SH, ServerProcess, echo_through_cat, start_server, wait_until
+from helpers import SH, ServerProcess, echo_through_cat, start_server, tls_files, wait_until
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -295,11 +294,7 @@ async def test_multiplexing_with_credit_over_a_websocket(web_server: ServerProce
 
 @pytest.mark.asyncio
 async def test_wss_serves_the_page_and_the_protocol_over_tls(short_dir: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(short_dir / "cert.pem"))
-    cert.private_key_pem.write_to_path(str(short_dir / "key.pem"))
-    ca.cert_pem.write_to_path(str(short_dir / "ca.pem"))
+    tls_files(short_dir)
     server = start_server(short_dir, "--tls-cert", str(short_dir / "cert.pem"), "--tls-key",
                           str(short_dir / "key.pem"), listen=["wss:127.0.0.1:0"],
                           expect_browse=1)

@@ -50,6 +50,10 @@ async def stream_output(exchange: Exchange, session: Session,
                 if exc.reason != STOLEN:
                     raise
                 session = await again(Offsets(stdout=held.stdout, stderr=held.stderr))
+                began = session.began  # later than asked: the ring ran over meanwhile
+                if (lost := began.stdout - held.stdout + began.stderr - held.stderr) > 0:
+                    held.stdout, held.stderr = began.stdout, began.stderr
+                    await send(SkippedEvent(bytes=lost, offsets=began))
                 continue
             if item is None:
                 break

@@ -31,6 +31,7 @@ from ..errors import (
 from ..protocol.messages import (
     OBSERVER,
     PROTOCOL_VERSION,
+    STOLEN,
     WRITER,
     Hello,
     Offsets,
@@ -59,8 +60,8 @@ STATUS: dict[str, int] = {
     ErrorCode.READ_ONLY: 403, ErrorCode.NO_SUCH_SESSION: 404, ErrorCode.SESSION_IN_USE: 409,
     ErrorCode.SPAWN_FAILED: 422, ErrorCode.BUSY: 429, ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.SERVER_RESTARTING: 503}
-HANDBACK_WAIT = 10.0  # seconds an output stream waits for its writer role back
-HANDBACK_POLL = 0.005  # seconds between its attempts
+HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
+HANDBACK_POLL = (0.005, 0.1)  # seconds between its attempts: the first, the most
 HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
 _GRANT = re.compile(r"g(\d+\.)?[A-Za-z0-9_-]{43}")  # as grants.py makes them
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
@@ -193,7 +194,8 @@ class HttpApi:
             offsets=info.offsets or Offsets(), exit=info.exit)), JSON)
 
     async def _cancel(self, exchange: Exchange, session_id: str) -> None:
-        """Cancel it (section 4); one that has ended is forgotten (its exit released)."""
+        """Cancel it (section 4), whoever is attached; one that has ended is forgotten (its
+        exit released)."""
         await self._write(exchange, session_id, lambda session: session.cancel(), leave=False)
 
     async def _output(self, exchange: Exchange, session_id: str) -> None:
@@ -209,6 +211,7 @@ class HttpApi:
 
             async def again(held: Offsets) -> Session:
                 """The writer role back, once the HTTP write that took it is done."""
+                pause, most = HANDBACK_POLL
                 with anyio.fail_after(HANDBACK_WAIT):
                     while True:
                         try:
@@ -216,7 +219,8 @@ class HttpApi:
                         except RequestError as exc:
                             if exc.code != ErrorCode.SESSION_IN_USE:
                                 raise
-                        await anyio.sleep(HANDBACK_POLL)  # (no event says it is free)
+                        await anyio.sleep(pause)  # (no event says it is free)
+                        pause = min(2 * pause, most)
 
             await stream_output(exchange, session, again)
 
@@ -245,13 +249,18 @@ class HttpApi:
         """What only the writer may do, attached as the session's writer for this request
         (session_in_use while a client of the framed protocol holds it); then 204."""
         hello = _hello(exchange)
+        ended: list[str | None] = []
         async with connection(exchange, hello, release=not leave) as conn:
-            session = await _writer(conn, session_id, hello.grant is not None)
+            session = await _writer(conn, session_id, hello.grant is not None, steal=not leave)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_drain, session)  # (else its output, unread, stops it)
+                tg.start_soon(_drain, session, ended)  # (else its output, unread, stops it)
                 await act(session)
                 if leave:
                     await session.detach()  # the drain ends at `detached` (or the exit)
+        if STOLEN in ended:  # what it sent after that reached nothing: never a quiet 204
+            raise ApiError(409, ErrorCode.SESSION_IN_USE, "another request took the session's "
+                           "input while this one wrote: some of it may not have reached it",
+                           retriable=True)
         await exchange.answer(204)
 
 
@@ -312,18 +321,19 @@ async def _info(conn: Connection, session_id: str) -> SessionInfo:
                    f"no session {session_id!r}: unknown, ended and collected, or not yours")
 
 
-async def _writer(conn: Connection, session_id: str, grant: bool) -> Session:
+async def _writer(conn: Connection, session_id: str, grant: bool,
+                  steal: bool = False) -> Session:
     """The session attached as writer at the end of its output (a grant, which may not
     `list`, from its ring's oldest byte: _leave reads the replay); session_in_use while a
     client of the framed protocol is attached as its writer. An HTTP output stream that is
     (on another worker) gives the role up for the moment (steal): it attaches again."""
     if grant:
-        return await conn.attach(session_id, role=WRITER)
+        return await conn.attach(session_id, role=WRITER, steal=steal)
     for _ in range(HANDBACK_TRIES):
         info = await _info(conn, session_id)
         try:
             return await conn.attach(session_id, offsets=info.offsets, role=WRITER,
-                                     steal=info.attached_by == "http")
+                                     steal=steal or info.attached_by == "http")
         except RequestError as exc:  # an HTTP stream took the role back meanwhile: again
             if exc.code != ErrorCode.SESSION_IN_USE or (
                     await _info(conn, session_id)).attached_by != "http":
@@ -339,12 +349,17 @@ async def _leave(session: Session) -> None:
     await _drain(session)
 
 
-async def _drain(session: Session) -> None:
+async def _drain(session: Session, ended: list[str | None] | None = None) -> None:
     """Read and drop ``session``'s output (its ring keeps it for the output streams) until
-    its channel ends."""
-    with contextlib.suppress(SessionDetached, SessionCancelled, ConnectionLost):
+    its channel ends; a `detached` reason goes into ``ended``."""
+    try:
         while await session.receive() is not None:
             pass
+    except SessionDetached as exc:
+        if ended is not None:
+            ended.append(exc.reason)
+    except (SessionCancelled, ConnectionLost):
+        pass
 
 
 def _first(group: ExceptionGroup[Exception]) -> Exception:
@@ -393,7 +408,7 @@ def _offsets(exchange: Exchange) -> Offsets | None:
             raise bad_request(f"Last-Event-ID {last!r} is not STDOUT,STDERR")
     else:
         return None
-    if not all(value.strip().isdigit() for value in values):
+    if not all(value.strip().isascii() and value.strip().isdigit() for value in values):
         raise bad_request(f"offsets {values!r} are not whole numbers of bytes")
     return Offsets(stdout=int(values[0]), stderr=int(values[1]))
 

@@ -5,6 +5,7 @@ bytes, and the way to the server's own protocol (``inner``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,6 +44,7 @@ class Exchange:
     host: str
     inner: Callable[[], Awaitable[Transport]]
     foreign: str | None  # why it is not from this server's own pages (Host, Origin), or None
+    piece_timeout: float = math.inf  # seconds each piece of a body may take to come
     _body_done: bool = field(default=False, init=False)
 
     @property
@@ -69,7 +71,8 @@ class Exchange:
         while not self._body_done:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
-                data = await self.stream.receive(HTTP_RECEIVE)
+                with anyio.fail_after(self.piece_timeout):  # (TimeoutError: the connection
+                    data = await self.stream.receive(HTTP_RECEIVE)  # ends, as a broken one)
                 self.conn.receive_data(data)
             elif isinstance(event, h11.Data):
                 yield bytes(event.data)
@@ -93,11 +96,19 @@ class Exchange:
             parts.append(piece)
         return b"".join(parts)
 
+    def _no_body(self) -> None:
+        """A request that came with no body (a GET): its end is read, so the connection
+        may serve the next request."""
+        if not self._body_done and self.conn.their_state is h11.SEND_BODY and isinstance(
+                self.conn.next_event(), h11.EndOfMessage):
+            self._body_done = True
+
     async def answer(self, status: int, body: bytes = b"",
                      content_type: str = "application/json",
                      headers: list[tuple[str, str]] | None = None) -> None:
         """A whole answer (no body for 204)."""
         extra = list(headers or [])
+        self._no_body()
         if not self._body_done:
             extra.append(("Connection", "close"))  # the rest of the body is not read
         if status != 204:
@@ -114,6 +125,7 @@ class Exchange:
         """The head of an answer whose body follows in pieces (chunked)."""
         extra = [("Content-Type", content_type), ("Cache-Control", "no-cache"),
                  *(headers or [])]
+        self._no_body()
         if not self._body_done:
             extra.append(("Connection", "close"))
         await self.stream.send(self.conn.send(_response(200, extra)) or b"")
@@ -136,6 +148,8 @@ class Exchange:
                     OSError):
                 return
             self.conn.receive_data(data)
+            if len(self.conn.trailing_data[0]) > HTTP_RECEIVE:  # no request waits so long:
+                return  # a client sending all along is treated as gone (bounded memory)
 
 
 def _response(status: int, headers: list[tuple[str, str]]) -> h11.Response:

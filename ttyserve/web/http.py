@@ -152,7 +152,7 @@ class FrontDoor:
                 assert inner is not None
                 await self.api.answer(Exchange(
                     conn, stream, event, getattr(peer, "host", ""), listener.encrypted, host,
-                    inner, self.foreign(event, host, listener)))
+                    inner, self.foreign(event, host, listener), self.head_timeout))
                 upgraded = None
             else:
                 with anyio.fail_after(self.head_timeout):
@@ -160,8 +160,9 @@ class FrontDoor:
             if upgraded is not None:
                 return upgraded
             while conn.their_state is h11.SEND_BODY:  # a body nobody read: what has come
-                if conn.next_event() is h11.NEED_DATA:
-                    return None
+                if conn.next_event() is h11.NEED_DATA:  # (our EOF and a drain first: closing
+                    await close_gracefully(stream, DRAIN_TIME)  # on unread bytes would reset
+                    return None  # the answer away)
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return None
             conn.start_next_cycle()  # keep-alive: the next request may already be here
