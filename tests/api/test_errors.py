@@ -3,6 +3,7 @@ the server serving on; wait, and in_use."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from http_api import (
 
 from ttyserve.client import connect
 from ttyserve.defaults import HTTP_MAX_JSON_BODY
+from ttyserve.errors import SessionDetached
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -52,7 +54,8 @@ def test_bad_requests_are_named(api: ApiServer) -> None:
              ("GET", "/sessions/s0.nobody-has-this-one", None, 404, "no_such_session"),
              ("GET", "/sessions/nobody/output", None, 404, "no_such_session"),
              ("GET", "/sessions/x/output?stdout=minus", None, 400, "bad_request"),
-             ("GET", "/sessions/x?wait=301", None, 400, "bad_request")]
+             ("GET", "/sessions/x?wait=301", None, 400, "bad_request"),
+             ("GET", "/sessions/x/output?stdout=%C2%B2", None, 400, "bad_request")]
     for method, path, body, status, code in cases:
         assert error_of(request(api, method, path, body)) == (status, code), (method, path)
     assert request(api, "PUT", "/sessions", b"{}").headers["allow"] == "GET, POST"
@@ -136,3 +139,31 @@ def test_stdin_goes_in_while_an_http_stream_holds_the_session(api: ApiServer) ->
         stream.close()
     assert got[-1] == {"type": "exit", "code": 0}
     assert output_of(got) == b"".join(sent)
+
+
+def test_requests_share_a_kept_alive_connection(api: ApiServer) -> None:
+    host, port = api.url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for _ in range(3):  # one connection: the server keeps it for the next request
+            conn.request("GET", "/api/v1/sessions",
+                         headers={"Authorization": f"Bearer {api.token}"})
+            answer = conn.getresponse()
+            assert (answer.status, answer.read()) == (200, b'{"sessions":[]}')
+            assert answer.getheader("Connection") != "close"
+    finally:
+        conn.close()
+
+
+@pytest.mark.asyncio
+async def test_delete_cancels_whoever_is_attached(api: ApiServer) -> None:
+    session = create(api, argv=["sleep", "30"], pty=False)
+    address = api.url.replace("http://", "ws:").removesuffix("/api/v1")
+    async with connect(address, token=api.token, multiplex=True) as conn:
+        attached = await conn.attach(session)
+        answer = await anyio.to_thread.run_sync(
+            lambda: request(api, "DELETE", f"/sessions/{session}"))
+        assert answer.status == 204
+        with pytest.raises(SessionDetached):
+            await attached.wait()
+    assert request(api, "GET", f"/sessions/{session}").status == 404
