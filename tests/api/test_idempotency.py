@@ -3,7 +3,10 @@ the first session's body, whichever worker it reaches; another key runs again.""
 
 from __future__ import annotations
 
+import http.client
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,23 @@ def test_a_key_is_free_again_once_its_session_is_forgotten(api: ApiServer) -> No
     assert request(api, "GET", f"/sessions/{first['session']}").status == 404
     status, second = post(api, body, "again")
     assert status == 201 and second["session"] != first["session"]
+
+
+def test_a_key_outlives_an_upgrade_in_place(api: ApiServer, short_dir: Path) -> None:
+    body = {"argv": ["sleep", "30"], "pty": False}
+    status, first = post(api, body, "kept")
+    assert status == 201
+    api.server.proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while True:  # (until the upgraded server answers; no event tells a client)
+        try:
+            answer = request(api, "POST", "/sessions", json.dumps(body).encode(),
+                             headers={"Idempotency-Key": "kept"})
+        except (OSError, http.client.HTTPException):  # closed while it upgraded
+            answer = None
+        if (answer is not None and answer.status != 503) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert answer is not None
+    assert (answer.status, answer.json()) == (200, first)
+    assert request(api, "DELETE", f"/sessions/{first['session']}").status == 204

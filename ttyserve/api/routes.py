@@ -29,6 +29,7 @@ from ..errors import (
     TtyserveError,
 )
 from ..protocol.messages import (
+    HTTP,
     OBSERVER,
     PROTOCOL_VERSION,
     STOLEN,
@@ -62,6 +63,7 @@ STATUS: dict[str, int] = {
     ErrorCode.SERVER_RESTARTING: 503}
 HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
 HANDBACK_POLL = (0.005, 0.1)  # seconds between its attempts: the first, the most
+CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session to be gone from `list`
 HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
 _GRANT = re.compile(r"g(\d+\.)?[A-Za-z0-9_-]{43}")  # as grants.py makes them
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
@@ -195,8 +197,15 @@ class HttpApi:
 
     async def _cancel(self, exchange: Exchange, session_id: str) -> None:
         """Cancel it (section 4), whoever is attached; one that has ended is forgotten (its
-        exit released)."""
-        await self._write(exchange, session_id, lambda session: session.cancel(), leave=False)
+        exit released). The answer waits until `list` no longer has it."""
+        async def cancel(conn: Connection, session: Session) -> None:
+            await session.cancel()
+            with anyio.move_on_after(CANCEL_WAIT), contextlib.suppress(RequestError):
+                while any(s.session == session_id for s in await conn.list_sessions()):
+                    await anyio.sleep(HANDBACK_POLL[0])  # (its tree killed and reaped: no
+                    # event tells this client when; a grant may not list: it answers now)
+
+        await self._write(exchange, session_id, cancel, leave=False)
 
     async def _output(self, exchange: Exchange, session_id: str) -> None:
         offsets = _offsets(exchange)
@@ -225,7 +234,7 @@ class HttpApi:
             await stream_output(exchange, session, again)
 
     async def _stdin(self, exchange: Exchange, session_id: str) -> None:
-        async def feed(session: Session) -> None:
+        async def feed(_: Connection, session: Session) -> None:
             async for piece in exchange.body_pieces():  # paced by the session's window
                 await session.send(piece)
 
@@ -233,19 +242,21 @@ class HttpApi:
 
     async def _eof(self, exchange: Exchange, session_id: str) -> None:
         await exchange.body(0)
-        await self._write(exchange, session_id, lambda session: session.eof())
+        await self._write(exchange, session_id, lambda _, session: session.eof())
 
     async def _signal(self, exchange: Exchange, session_id: str) -> None:
         body = _decode(await exchange.body(HTTP_MAX_JSON_BODY), SignalBody)
-        await self._write(exchange, session_id, lambda session: session.signal(body.name))
+        await self._write(exchange, session_id,
+                          lambda _, session: session.signal(body.name))
 
     async def _resize(self, exchange: Exchange, session_id: str) -> None:
         body = _decode(await exchange.body(HTTP_MAX_JSON_BODY), ResizeBody)
         await self._write(exchange, session_id,
-                          lambda session: session.resize(body.rows, body.cols))
+                          lambda _, session: session.resize(body.rows, body.cols))
 
     async def _write(self, exchange: Exchange, session_id: str,
-                     act: Callable[[Session], Awaitable[None]], leave: bool = True) -> None:
+                     act: Callable[[Connection, Session], Awaitable[None]],
+                     leave: bool = True) -> None:
         """What only the writer may do, attached as the session's writer for this request
         (session_in_use while a client of the framed protocol holds it); then 204."""
         hello = _hello(exchange)
@@ -254,7 +265,7 @@ class HttpApi:
             session = await _writer(conn, session_id, hello.grant is not None, steal=not leave)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_drain, session, ended)  # (else its output, unread, stops it)
-                await act(session)
+                await act(conn, session)
                 if leave:
                     await session.detach()  # the drain ends at `detached` (or the exit)
         if STOLEN in ended:  # what it sent after that reached nothing: never a quiet 204
@@ -333,10 +344,10 @@ async def _writer(conn: Connection, session_id: str, grant: bool,
         info = await _info(conn, session_id)
         try:
             return await conn.attach(session_id, offsets=info.offsets, role=WRITER,
-                                     steal=steal or info.attached_by == "http")
+                                     steal=steal or info.attached_by == HTTP)
         except RequestError as exc:  # an HTTP stream took the role back meanwhile: again
             if exc.code != ErrorCode.SESSION_IN_USE or (
-                    await _info(conn, session_id)).attached_by != "http":
+                    await _info(conn, session_id)).attached_by != HTTP:
                 raise
     raise ApiError(409, ErrorCode.SESSION_IN_USE, "the session's HTTP output stream kept "
                    "its writer role")

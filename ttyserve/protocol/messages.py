@@ -183,6 +183,8 @@ class Attached(Message, tag="attached"):
     role: Role | None = None  # section 11: always sent by this server
 
 
+HTTP = "http"  # the peer kind of the HTTP API's requests (journal: http:ADDR), and list's
+# `attached_by` when the session's writer is one of them (section 13)
 STOLEN = "stolen"  # the reason of `detached` when another channel attached with steal
 REVOKED = "revoked"  # ...when the grant the channel was attached through was unshared
 EXPIRED = "expired"  # ...when that grant's time ran out
@@ -246,7 +248,7 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     grants: list[GrantInfo] = []  # section 11: its open grants
     offsets: Offsets | None = None  # the output so far, per stream (section 13's status)
     idempotency_key: str | None = None  # as its `open` gave it
-    attached_by: str | None = None  # "http": its writer is an HTTP output stream (section 13)
+    attached_by: str | None = None  # HTTP: its writer came through the HTTP API (section 13)
 
 
 class Sessions(Message, tag="sessions"):

@@ -79,6 +79,7 @@ class SessionState(msgspec.Struct, kw_only=True):
     modes: ModesState | None
     process: ChildState | None  # None: over, its descriptors released (its exit waits)
     recording: RecordingState | None
+    key: str | None = None  # its `open`'s idempotency_key (section 13)
 
 
 class GrantState(msgspec.Struct, kw_only=True):

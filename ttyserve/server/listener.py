@@ -23,6 +23,7 @@ import anyio.abc
 from ..addresses import Address
 from ..backends.base import Backend
 from ..backends.local import ChildBackend, LocalBackend
+from ..protocol.messages import HTTP
 from ..protocol.server import ServerConnection
 from ..transport.readiness import ReadableService
 from ..transport.streams import (
@@ -451,7 +452,7 @@ class Server:
         ours, theirs = socket.socketpair()
         assert self._connection_tasks is not None
         self._connection_tasks.start_soon(self._handle, SocketTransport(ours),
-                                          Peer("http", host=getattr(outer, "host", "")))
+                                          Peer(HTTP, host=getattr(outer, "host", "")))
         return SocketTransport(theirs)
 
 

@@ -28,6 +28,7 @@ from ...defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
 from ...errors import ErrorCode, RequestError
 from ...protocol.frames import FrameKind
 from ...protocol.messages import (
+    HTTP,
     OBSERVER,
     STOLEN,
     Attach,
@@ -385,8 +386,8 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
                                             stderr=s.ring.end[FrameKind.STDERR])
                             if s.ring is not None else None, idempotency_key=s.key,
-                            attached_by="http" if s.sink is not None
-                            and s.sink.peer.startswith("http:") else None)
+                            attached_by=HTTP if s.sink is not None
+                            and s.sink.peer.startswith(f"{HTTP}:") else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------

@@ -40,7 +40,7 @@ def session_state(session: ServerSession, dry: bool = False) -> SessionState:
             modes=dict(modes.modes), keypad=modes.keypad, title=modes.title),
         process=None if session.released else session.process.handover(dry),
         recording=next((o.handover(dry) for o in session.taps
-                        if isinstance(o, HandsOver)), None))
+                        if isinstance(o, HandsOver)), None), key=session.key)
 
 
 def adopted_session(state: SessionState, process: ProcessHandle, start_task: StartTask, *,
@@ -60,7 +60,7 @@ def adopted_session(state: SessionState, process: ProcessHandle, start_task: Sta
     if session.modes is not None and state.modes is not None:
         session.modes.modes.update(state.modes.modes)
         session.modes.keypad, session.modes.title = state.modes.keypad, state.modes.title
-    session.started = state.started
+    session.started, session.key = state.started, state.key
     session.detached_at = state.detached_at
     session.delivered_at = state.delivered_at
     session.bytes_in, session.bytes_out = state.bytes_in, state.bytes_out
