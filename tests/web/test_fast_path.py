@@ -77,3 +77,36 @@ async def test_a_message_sent_in_part_is_finished_before_the_next_message_and_a_
         tg.cancel_scope.cancel()
     assert messages == [big, small]
     assert order.index("pong") >= 1  # never inside the first message
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["from-the-caller", "writer-task"])
+async def test_each_length_form_of_a_message_header_reads_whole_at_the_peer(
+        pair: tuple[socket.socket, socket.socket], fast: bool) -> None:
+    """A server's message goes out as its header beside the payload: the 7-bit, 16-bit and
+    64-bit lengths at their edges, on either path, as an independent peer reads them."""
+    ours, theirs = pair
+    transport = carriage(ours)
+    frames = [encode_frame(FrameKind.STDOUT, 1, (bytes(range(256)) * 1200)[:size - 9])
+              for size in (9, 125, 126, 127, 65535, 65536, 65537, 300000)]
+    peer = Connection(ConnectionType.CLIENT)
+    received: list[bytes] = []
+
+    async def read() -> None:
+        message = b""
+        while len(received) < len(frames):
+            await anyio.wait_readable(theirs)
+            peer.receive_data(theirs.recv(1 << 20))
+            for event in peer.events():
+                assert isinstance(event, BytesMessage)
+                message += event.data
+                if event.message_finished:
+                    received.append(message)
+                    message = b""
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        for frame in frames:
+            if not (fast and transport.try_send([frame[:9], frame[9:]])):
+                await transport.send_some([frame[:9], frame[9:]])
+    assert [len(message) for message in received] == [len(frame) for frame in frames]
+    assert received == frames

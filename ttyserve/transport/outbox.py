@@ -24,7 +24,7 @@ import anyio.abc
 
 from ..defaults import OUTBOX_LIMIT
 from .splice import discard
-from .streams import MAX_IOVECS, Buffer, SocketTransport, Transport
+from .streams import MAX_IOVECS, Buffer, SocketTransport, Transport, unsent
 
 
 class TaskStarter(Protocol):
@@ -80,7 +80,7 @@ class Outbox:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self.abort()
                 raise anyio.BrokenResourceError("the connection is broken") from None
-            rest = _skip(buffers, sent)
+            rest = unsent(buffers, sent)
             if not rest:
                 return
         else:
@@ -123,7 +123,7 @@ class Outbox:
         assert isinstance(self.transport, SocketTransport) and self.transport.splices
         if not self._buffers:
             try:
-                buffers = _skip(buffers, self.transport.try_send(buffers))
+                buffers = unsent(buffers, self.transport.try_send(buffers))
                 if not buffers:
                     size -= self.transport.try_splice(pipe, size)
                     if not size:
@@ -276,18 +276,3 @@ class PipeTail:
 
 
 Item = Buffer | PipeTail
-
-
-def _skip(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:
-    """What is left of ``buffers`` after their first ``sent`` bytes went out."""
-    rest: list[Buffer] = []
-    for buffer in buffers:
-        size = len(buffer)
-        if sent >= size:
-            sent -= size
-        elif sent:
-            rest.append(memoryview(buffer)[sent:])
-            sent = 0
-        else:
-            rest.append(buffer)
-    return rest

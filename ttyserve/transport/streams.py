@@ -89,6 +89,21 @@ class Transport(Protocol):
         ...
 
 
+def unsent(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``buffers`` after their first ``sent`` bytes went out."""
+    rest: list[Buffer] = []
+    for buffer in buffers:
+        size = len(buffer)
+        if sent >= size:
+            sent -= size
+        elif sent:
+            rest.append(memoryview(buffer)[sent:])
+            sent = 0
+        else:
+            rest.append(buffer)
+    return rest
+
+
 def _broken(exc: OSError) -> anyio.BrokenResourceError:
     error = anyio.BrokenResourceError(str(exc))
     error.__cause__ = exc

@@ -14,12 +14,14 @@ for a keystroke's (docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import struct
 from collections.abc import Sequence
 
 import anyio
 import anyio.abc
 from websockets.client import ClientProtocol
-from websockets.exceptions import InvalidState
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import Protocol, Side, State
@@ -29,7 +31,7 @@ from websockets.uri import parse_uri
 from ..defaults import CLIENT_NAME, WEBSOCKET_MAX_MESSAGE, WEBSOCKET_RECEIVE
 from ..errors import RemoteProtocolError
 from ..protocol.frames import FrameTracker
-from ..transport.streams import Buffer, SocketByteStream, TaskNeeded
+from ..transport.streams import Buffer, SocketByteStream, SocketTransport, TaskNeeded, unsent
 
 SUBPROTOCOL = Subprotocol("ttyserve.v1")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -41,6 +43,16 @@ def _broken(exc: BaseException) -> anyio.BrokenResourceError:
     return error
 
 
+def binary_header(size: int) -> bytes:
+    """The header of a final, unmasked binary message of ``size`` bytes (RFC 6455 5.2): a
+    server's message, whose payload then goes out beside it, never copied into it."""
+    if size < 126:
+        return bytes((0x82, size))
+    if size < 1 << 16:
+        return struct.pack("!BBH", 0x82, 126, size)
+    return struct.pack("!BBQ", 0x82, 127, size)
+
+
 class WebSocketTransport:
     """A `Transport` over an established WebSocket (either side): whole frames per message."""
 
@@ -50,7 +62,10 @@ class WebSocketTransport:
         self._ws = ws
         # plain ws: on our own socket, so a message may go from the caller (`try_send`)
         self._socket = stream.transport if isinstance(stream, SocketByteStream) else None
-        self._unsent: bytes | memoryview = b""  # the rest of a message `try_send` began
+        # A server's messages are unmasked and we negotiate no extension: on its own socket
+        # a message goes out as its header beside the payload (`binary_header`), uncopied.
+        self._beside: SocketTransport | None = self._socket if ws.side is Side.SERVER else None
+        self._unsent: list[Buffer] = []  # the rest of a message `try_send` began
         self._answers: list[bytes] = []  # pongs and the like `receive_nowait` left to send
         self._covered = 0  # bytes given to `try_send` that message holds (see there)
         self._send_lock = anyio.Lock()  # the reader answers pings while the writer sends
@@ -191,16 +206,34 @@ class WebSocketTransport:
         async with self._send_lock:
             await self._send_locked(data)
 
-    async def _send_locked(self, data: bytes) -> None:
-        """``data`` after the rest of a message `try_send` began (nothing may go between)."""
+    async def _send_locked(self, data: bytes, beside: Sequence[Buffer] = ()) -> None:
+        """``data`` (and ``beside``, on our own socket) after the rest of a message
+        `try_send` began: nothing may go between."""
+        rest, self._unsent = self._unsent, []
+        buffers = [*rest, data, *beside] if data else [*rest, *beside]
         try:
-            if self._unsent:
-                unsent, self._unsent = self._unsent, b""
-                await self._stream.send(bytes(unsent))
-            if data:
-                await self._stream.send(data)
+            if self._socket is not None:
+                await self._send_buffers(self._socket, buffers)
+            elif buffers:
+                await self._stream.send(b"".join(buffers))
         except _GONE as exc:
             raise _broken(exc) from exc
+
+    @staticmethod
+    async def _send_buffers(sock: SocketTransport, buffers: list[Buffer]) -> None:
+        """All of ``buffers``, in order, without joining them. Cut short after part of a
+        message went out, the socket is shut down (as `SocketByteStream.send` does)."""
+        started = False
+        try:
+            while buffers:
+                sent = await sock.send_some(buffers)
+                started = True
+                buffers = unsent(buffers, sent)
+        except BaseException:
+            if started and buffers:
+                with contextlib.suppress(OSError):
+                    sock.sock.shutdown(socket.SHUT_RDWR)
+            raise
 
     def try_send(self, buffers: Sequence[Buffer]) -> int:
         """Whole frames as one message, sent from the caller when nothing else is being
@@ -215,8 +248,8 @@ class WebSocketTransport:
                 or self._send_lock.locked() or self._ws.state is not State.OPEN):
             return 0
         scan = FrameTracker()  # (the outgoing one is at a frame's edge: no tail)
-        messages: list[Buffer] = []  # as `send_some` cuts them: one per buffer ending a frame
-        pieces: list[Buffer] = []
+        messages: list[list[Buffer]] = []  # as `send_some` cuts them: one per buffer ending
+        pieces: list[Buffer] = []  # a frame
         size = 0
         for buffer in buffers:
             size += len(buffer)
@@ -224,20 +257,32 @@ class WebSocketTransport:
             if end is None:
                 pieces.append(buffer)
                 continue
-            head = memoryview(buffer)[:end]
-            messages.append(b"".join([*pieces, head]) if pieces else head)
+            messages.append([*pieces, memoryview(buffer)[:end]])
             pieces = [memoryview(buffer)[end:]] if end < len(buffer) else []
         if not messages or pieces:
             return 0
-        for message in messages:
-            self._ws.send_binary(message)
-        data = b"".join(self._ws.data_to_send())
-        sent = sock.try_send([data])
-        if sent == len(data):
+        out = self._framed(messages)
+        sent = sock.try_send(out)
+        total = sum(len(buffer) for buffer in out)
+        if sent == total:
             return size
-        self._unsent = memoryview(data)[sent:]
+        self._unsent = unsent(out, sent)
         self._covered = size
         return 0
+
+    def _framed(self, messages: list[list[Buffer]]) -> list[Buffer]:
+        """``messages`` as what goes on the wire, after what the protocol has queued: on our
+        own socket as a server, each header beside its pieces; else each joined and framed
+        by the library (which masks a client's)."""
+        if self._beside is None:
+            for message in messages:
+                self._ws.send_binary(b"".join(message) if len(message) > 1 else message[0])
+            return [b"".join(self._ws.data_to_send())]
+        out: list[Buffer] = [*self._ws.data_to_send()]  # (pings' pongs: whole frames)
+        for message in messages:
+            out.append(binary_header(sum(len(piece) for piece in message)))
+            out += message
+        return out
 
     async def send_some(self, buffers: Sequence[Buffer]) -> int:
         """Take all of ``buffers``; send the whole frames among what was taken so far."""
@@ -254,24 +299,20 @@ class WebSocketTransport:
             if end is None:
                 self._tail += buffer
                 continue
-            message = memoryview(buffer)[:end]
+            message: list[Buffer] = [memoryview(buffer)[:end]]
             if self._tail:
-                message = memoryview(bytes(self._tail) + message)
+                message.insert(0, bytes(self._tail))
             self._tail[:] = memoryview(buffer)[end:]
             async with self._send_lock:  # framed and sent in the order framed
                 if self._closing == b"":
                     raise anyio.BrokenResourceError("the WebSocket was closed")
                 if self._closing is not None:  # the last words before the held-back close
-                    data = Frame(Opcode.BINARY, bytes(message)).serialize(
-                        mask=self._ws.side is Side.CLIENT)
-                else:
-                    try:
-                        self._ws.send_binary(message)  # one copy, into the framed message
-                    except InvalidState as exc:  # closing or closed: nothing more can go
-                        raise anyio.BrokenResourceError(str(exc)) from exc
-                    data = b"".join(self._ws.data_to_send())
-                if data:
-                    await self._send_locked(data)
+                    await self._send_locked(Frame(Opcode.BINARY, b"".join(message)).serialize(
+                        mask=self._ws.side is Side.CLIENT))
+                    continue
+                if self._ws.state is not State.OPEN:  # closing or closed: nothing more goes
+                    raise anyio.BrokenResourceError(f"the WebSocket is {self._ws.state.name}")
+                await self._send_locked(b"", self._framed([message]))
         return size
 
     async def send_eof(self, protocol_error: bool = False) -> None:
