@@ -6,8 +6,6 @@ The client library's names load on first use, so that `ttyserve serve` (and the 
 
 from __future__ import annotations
 
-import importlib
-
 from .version import __version__
 
 TYPE_CHECKING = False  # (typing's costs its import; mypy reads any TYPE_CHECKING as true)
@@ -58,6 +56,8 @@ def __getattr__(name: str) -> object:
     if found is None:
         raise AttributeError(f"module 'ttyserve' has no attribute {name!r}")
     module, attribute = found
+    import importlib  # (here: its import is a tenth of a stub's start)
+
     return getattr(importlib.import_module(f".{module}", __name__), attribute or name)
 
 

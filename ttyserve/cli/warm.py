@@ -54,15 +54,20 @@ PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserv
              "ttyserve.cli.exec_many")
 
 
-def code_digest() -> str:
-    """Names this installation: the interpreter, the version, each module's size and mtime,
-    and the site-packages directories' mtimes (which every install or upgrade changes)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNDIGESTED = ("__pycache__", "static")  # folders of the package that hold no module
+
+
+def code_digest(package: str | None = None) -> str:
+    """Names this installation: the interpreter, the version, each module's size and mtime
+    (of ``package``, by default this one), and the site-packages directories' mtimes (which
+    every install or upgrade changes)."""
+    package = package or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     crc = zlib.crc32(f"{sys.executable}\0{__version__}".encode())
     for entry in sys.path:
         if entry.endswith("-packages") and os.path.isdir(entry):
             crc = zlib.crc32(f"{entry}\0{os.stat(entry).st_mtime_ns}\0".encode(), crc)
-    for directory, _, files in sorted(os.walk(package)):
+    for directory, subdirectories, files in os.walk(package):  # (top-down: in sorted order)
+        subdirectories[:] = sorted(name for name in subdirectories if name not in UNDIGESTED)
         for name in sorted(files):
             if name.endswith(".py"):
                 info = os.stat(os.path.join(directory, name))
