@@ -613,21 +613,21 @@ WORKLOADS = [
                       "`via:ssh -F CONFIG hostNNN`; pdsh: its ssh module)",
         [Metric("wall_s", "wall s, a warm far side running"),
          Metric("cold_s", "wall s, none (TTYSERVE_WARM=0)")],
-        [Target("wall_s", "<=", 1.2, "pdsh")],
+        [Target("wall_s", "<=", 1.0, "pdsh"), Target("cold_s", "<=", 1.5, "pdsh")],
         ("ttyserve", "pdsh"), measure_fanout_ssh, reps=3),
     Workload(
         "one_target", "One target over real ssh: `true` through a loopback sshd (ttyserve: "
                       "exec --connect via:ssh; openssh: ssh host true)",
         [Metric("wall_ms", "ms, median of 7, a warm far side running"),
          Metric("cold_ms", "ms, median of 7, none (TTYSERVE_WARM=0)")],
-        [],
+        [Target("wall_ms", "<=", 1.2, "openssh")],
         ("ttyserve", "openssh"), measure_one_target),
     Workload(
         "stdio_start", "The far side's start: `serve --stdio` on a socket pair, `hello` and "
                        "`open true` sent at once, to its `exit` (raw: python -c pass)",
         [Metric("wall_ms", "ms, median of 7, a warm far side running"),
          Metric("cold_ms", "ms, median of 7, none (TTYSERVE_WARM=0)")],
-        [Target("wall_ms", "<=", 2.5, "raw")],
+        [Target("wall_ms", "<=", 2, "raw"), Target("cold_ms", "<=", 4, "raw")],
         ("raw", "ttyserve"), measure_stdio_start),
     Workload(
         "reattach", "Reattach: attach to a detached session with a full 1 MiB ring",
