@@ -3,8 +3,9 @@
 Entry: the server moves itself into the session's new cgroup, starts the child
 there (posix_spawn or fork: a child is born in its parent's cgroup), and moves
 back. The child never runs an instruction outside its cgroup, so nothing it
-forks can escape. (clone3's CLONE_INTO_CGROUP would spare the two moves, but
-Python cannot call it without running Python code in the child.) The cost is
+forks can escape. (clone3's CLONE_INTO_CGROUP would spare the two moves, and with
+them the wait a quiet host's first move pays; Python cannot call it without running
+Python code in the child, and glibc's posix_spawn offers it from 2.39 on.) The cost is
 measured in docs/containment.md.
 
 Layout: under a base (`--cgroup DIR`, or a `ttyserve` child of the server's own
