@@ -9,7 +9,7 @@ import shlex
 import msgspec
 
 from .errors import AddressError
-from .runtime import runtime_path
+from .runtime import default_socket_path
 
 NETWORK_SCHEMES = ("tcp", "tls", "ws", "wss")  # HOST:PORT; "unix" takes a PATH
 CARRIER_SCHEMES = ("ssh", "via")  # a client runs a carrier; a server never listens on these
@@ -54,11 +54,6 @@ class Address(msgspec.Struct, frozen=True):
     def web(self) -> bool:
         """The WebSocket carriage (protocol section 8): `ws:` and `wss:`."""
         return self.scheme in ("ws", "wss")
-
-
-def default_socket_path() -> str:
-    """`$XDG_RUNTIME_DIR/ttyserve.sock`, else `/tmp/ttyserve-$UID/ttyserve.sock`."""
-    return runtime_path("ttyserve.sock")
 
 
 def default_address() -> Address:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from ..defaults import PERSIST_ARGUMENTS
+
 TYPE_CHECKING = False  # (typing's costs its import; mypy reads any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -11,8 +13,18 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`ttyserve ...`: a carrier's `serve --stdio` goes to a warm server when one answers
-    (cli/warm.py), before anything else is imported; everything else to cli/main.py."""
+    (cli/warm.py), and its `serve --stdio --persist` to the server answering on the
+    default socket (cli/persist.py), before anything else is imported; everything else
+    to cli/main.py."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if tuple(args) == PERSIST_ARGUMENTS:  # a carrier's reconnect: relay to the server there
+        from . import persist
+
+        try:
+            if persist.relay_to_running_server():
+                sys.exit()
+        except OSError:
+            pass  # said by the full path below, which tries again
     from . import warm
 
     if warm.eligible(args) and (code := warm.handed_over(args)) is not None:

@@ -8,22 +8,23 @@ end does not hang it up) when none answers. Every reconnect runs ssh again, and 
 the same server and the same sessions.
 
 No event loop: a relay of two byte streams needs poll(2) and two bounded buffers, and a
-carrier's far side should start as fast as Python can.
+carrier's far side should start as fast as Python can. A reconnect (the carrier's exact
+`serve --stdio --persist`, with a server answering) comes here from cli/__init__.py before
+anything else is imported, so until it has to start a server this module imports only
+modules built into the interpreter (`_socket` and `select`: `socket` and `selectors` would
+import `enum` and more, a third of the relay's start).
 """
 
 from __future__ import annotations
 
-import contextlib
+import _socket
 import errno
 import os
-import selectors
-import socket
-import subprocess
+import select
 import sys
 import time
 
-from ..addresses import default_address
-from ..exitcodes import ServeExit
+from ..runtime import default_socket_path
 
 STDIN, STDOUT = 0, 1  # the carrier's two ends, relayed
 RELAY_READ = 64 * 1024  # one read of either side
@@ -31,10 +32,26 @@ START_WAIT = 10.0  # seconds a server started here has to answer on its socket
 _ABSENT = frozenset({errno.ENOENT, errno.ECONNREFUSED})  # nobody answers there (yet)
 
 
+def relay_to_running_server() -> bool:
+    """Relay stdin and stdout to the user's server if one answers on the default socket,
+    until the connection is over; whether one answered. (The server running there has its
+    own configuration: this relay reads none.) Raises OSError where the socket cannot be
+    reached for another reason than nobody answering."""
+    sock = _connect(default_socket_path())
+    if sock is None:
+        return False
+    try:
+        _relay(sock)
+    finally:
+        sock.close()
+    return True
+
+
 def persist_main() -> int:
     """Relay stdin and stdout to the user's server, starting it when none answers."""
-    address = default_address()
-    path = address.path
+    from ..exitcodes import ServeExit
+
+    path = default_socket_path()
     try:
         sock = _connect(path)
         if sock is None:
@@ -43,14 +60,16 @@ def persist_main() -> int:
     except OSError as exc:
         sys.stderr.write(f"ttyserve serve --persist: {path}: {exc.strerror or exc}\n")
         return ServeExit.CONFIG
-    with sock:
+    try:
         _relay(sock)
+    finally:
+        sock.close()
     return ServeExit.OK
 
 
-def _connect(path: str) -> socket.socket | None:
+def _connect(path: str) -> _socket.socket | None:
     """A connection to the server at ``path``; None when nobody answers there."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as exc:
@@ -65,6 +84,8 @@ def _start_server(path: str) -> None:
     """`ttyserve serve` on the default socket, in a session of its own, its stderr in a log
     file beside the socket. Two relays that start one at once are fine: the socket's lease
     lets one of them serve, and the other exits 4."""
+    import subprocess
+
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     log_path = os.path.join(directory, "ttyserve.log")
@@ -75,7 +96,7 @@ def _start_server(path: str) -> None:
                          close_fds=True)
 
 
-def _await_server(path: str) -> socket.socket:
+def _await_server(path: str) -> _socket.socket:
     """The server just started answers within START_WAIT (it takes a few tens of ms)."""
     deadline = time.monotonic() + START_WAIT
     delay = 0.005
@@ -90,45 +111,45 @@ def _await_server(path: str) -> socket.socket:
         delay = min(delay * 2, 0.1)
 
 
-def _relay(sock: socket.socket) -> None:
+def _relay(sock: _socket.socket) -> None:
     """Bytes both ways until either side ends: stdin to the server, the server to stdout.
     Each direction holds one read at most, so neither side can grow our memory, and a
     direction that waits never stops the other."""
     sock.setblocking(False)
     os.set_blocking(STDIN, False)
     os.set_blocking(STDOUT, False)
+    server = sock.fileno()
     up = b""  # read from stdin, not yet sent to the server
     down = b""  # read from the server, not yet written to stdout
     up_open = down_open = True
-    with selectors.DefaultSelector() as selector:
-        while down_open or down:  # (what the server still sends after our stdin's end goes)
-            events = _interest(sock.fileno(), up, down, up_open, down_open)
-            for fd, mask in events.items():
-                selector.register(fd, mask)
-            ready = selector.select()
-            for fd in events:
-                selector.unregister(fd)
-            for key, mask in ready:
-                fd = key.fd
-                try:
-                    if fd == STDIN and mask & selectors.EVENT_READ:
-                        up = os.read(STDIN, RELAY_READ)
-                        if not up:
-                            up_open = False
-                            with contextlib.suppress(OSError):
-                                sock.shutdown(socket.SHUT_WR)
-                    if fd == sock.fileno() and mask & selectors.EVENT_WRITE and up:
-                        up = up[sock.send(up):]
-                    if fd == sock.fileno() and mask & selectors.EVENT_READ and not down:
-                        down = sock.recv(RELAY_READ)
-                        if not down:
-                            down_open = False
-                    if fd == STDOUT and mask & selectors.EVENT_WRITE and down:
-                        down = down[os.write(STDOUT, down):]
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return  # either side broke: the connection is over, the sessions go on
+    while down_open or down:  # (what the server still sends after our stdin's end goes)
+        poller = select.poll()
+        for fd, mask in _interest(server, up, down, up_open, down_open).items():
+            poller.register(fd, mask)
+        for fd, mask in poller.poll():
+            readable = mask & (select.POLLIN | select.POLLHUP | select.POLLERR)
+            writable = mask & (select.POLLOUT | select.POLLHUP | select.POLLERR)
+            try:  # (a hang-up or an error shows as the read's end or the write's error)
+                if fd == STDIN and readable:
+                    up = os.read(STDIN, RELAY_READ)
+                    if not up:
+                        up_open = False
+                        try:
+                            sock.shutdown(_socket.SHUT_WR)
+                        except OSError:
+                            pass
+                if fd == server and writable and up:
+                    up = up[sock.send(up):]
+                if fd == server and readable and not down and down_open:
+                    down = sock.recv(RELAY_READ)
+                    if not down:
+                        down_open = False
+                if fd == STDOUT and writable and down:
+                    down = down[os.write(STDOUT, down):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return  # either side broke: the connection is over, the sessions go on
 
 
 def _interest(sock: int, up: bytes, down: bytes, up_open: bool, down_open: bool) -> dict[int, int]:
@@ -136,11 +157,11 @@ def _interest(sock: int, up: bytes, down: bytes, up_open: bool, down_open: bool)
     else to read again (stdin only while the server still sends)."""
     events: dict[int, int] = {}
     if up:
-        events[sock] = selectors.EVENT_WRITE
+        events[sock] = select.POLLOUT
     elif up_open and down_open:
-        events[STDIN] = selectors.EVENT_READ
+        events[STDIN] = select.POLLIN
     if down:
-        events[STDOUT] = selectors.EVENT_WRITE
+        events[STDOUT] = select.POLLOUT
     elif down_open:
-        events[sock] = events.get(sock, 0) | selectors.EVENT_READ
+        events[sock] = events.get(sock, 0) | select.POLLIN
     return events

@@ -23,14 +23,18 @@ import anyio.abc
 
 from ..addresses import Address
 from ..backends.watch import open_exit_watch
-from ..defaults import CARRIER_STDERR_READ, DEFAULT_REMOTE_COMMAND
+from ..defaults import (
+    CARRIER_STDERR_READ,
+    DEFAULT_REMOTE_COMMAND,
+    PERSIST_ARGUMENTS,
+    STDIO_ARGUMENTS,
+)
 from ..errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
 from ..exitcodes import ExecExit, ServeExit, signal_name
 from ..lines import LineBuffer, write_all
 from ..transport.streams import PipeTransport, close_gracefully
 from .background import beside
 
-STDIO_ARGUMENTS = ("serve", "--stdio")
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
 NO_WELCOME_GRACE = 0.5  # the same, before `welcome`: the far side has nothing to finish
 TERM_GRACE = 1.0  # seconds between a carrier's SIGTERM and SIGKILL
@@ -69,7 +73,7 @@ def carrier_argv(address: Address, remote_command: str = DEFAULT_REMOTE_COMMAND,
     """The carrier's command line: `ssh [-p PORT] [USER@]HOST -- CMD serve --stdio`, or the
     `via:` command followed by `CMD serve --stdio`; with ``persist``, `--persist` too (the
     far side relays to the user's own server there, so sessions outlive the carrier)."""
-    remote = [remote_command, *STDIO_ARGUMENTS, *(["--persist"] if persist else [])]
+    remote = [remote_command, *(PERSIST_ARGUMENTS if persist else STDIO_ARGUMENTS)]
     if address.scheme == "ssh":
         port = ["-p", str(address.port)] if address.port else []
         user = f"{address.user}@" if address.user else ""

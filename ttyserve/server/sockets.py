@@ -7,8 +7,9 @@ import os
 import socket
 import stat
 
-from ..addresses import Address, default_socket_path
+from ..addresses import Address
 from ..errors import ListenError
+from ..runtime import default_socket_path
 from ..transport.streams import keep_alive
 from .lease import SocketLease
 
