@@ -86,6 +86,19 @@ def stdio_server(sock: socket.socket, workdir: str, warm: str | None = None
                             env={**_environment(), **far_side_environment(warm)}, cwd=workdir)
 
 
+def relay_server(sock: socket.socket, workdir: str, runtime: Path | None
+                 ) -> subprocess.Popen[bytes] | None:
+    """`ttyserve serve --stdio --persist` on ``sock``, with ``runtime`` as its runtime
+    directory (whose default socket a server answers on); None for a ttyserve without
+    `--persist`."""
+    if "--persist" not in serve_flags() or runtime is None:
+        return None
+    return subprocess.Popen([*ttyserve_command(), "serve", "--stdio", "--persist"],
+                            stdin=sock.fileno(), stdout=sock.fileno(),
+                            stderr=subprocess.DEVNULL,
+                            env={**_environment(), "XDG_RUNTIME_DIR": str(runtime)}, cwd=workdir)
+
+
 @contextlib.contextmanager
 def warm_far_side(workdir: str) -> Iterator[str]:
     """A warm far side (ttyserve/cli/warm.py) in a runtime directory of its own, as a host

@@ -33,6 +33,7 @@ from .procs import Usage
 from .server import (
     TtyserveServer,
     far_side_environment,
+    relay_server,
     serve_flags,
     stdio_server,
     ttyserve_script,
@@ -192,6 +193,11 @@ class System:
         directory ``warm`` if given."""
         raise NotApplicable
 
+    def relay_start(self) -> float:
+        """`stdio_start` for `serve --stdio --persist` (a carrier's reconnect) with the
+        user's server answering on the default socket: the relay's start."""
+        raise NotApplicable
+
     def one_target(self, argv: list[str], loopback: Loopback) -> float:
         """Seconds to run ``argv`` on one host through the loopback sshd."""
         raise NotApplicable
@@ -317,6 +323,9 @@ class RawSystem(System):
     def stdio_start(self, warm: str | None = None) -> float:
         return self.startup("unix")
 
+    def relay_start(self) -> float:
+        return self.startup("unix")
+
     warm_starts = True  # (the same floor: the column the warm start is held to)
 
     def warm_startup(self, transport: str, runtime: str) -> float:
@@ -391,10 +400,18 @@ class TtyserveSystem(System):
         return SessionRun(latencies, now() - start)
 
     def stdio_start(self, warm: str | None = None) -> float:
+        return self._far_side_start(lambda sock: stdio_server(sock, self.server.workdir, warm))
+
+    def relay_start(self) -> float:
+        server = self.server  # its Unix socket is the default one of its directory
+        return self._far_side_start(lambda sock: relay_server(sock, server.workdir, server.dir))
+
+    def _far_side_start(self, start_far_side: Callable[[socket.socket],
+                                                       subprocess.Popen[bytes] | None]) -> float:
         ours, theirs = socket.socketpair()
         start = now()
         with theirs:
-            child = stdio_server(theirs, self.server.workdir, warm)
+            child = start_far_side(theirs)
         if child is None:
             ours.close()
             raise NotApplicable
