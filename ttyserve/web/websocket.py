@@ -213,17 +213,19 @@ class WebSocketTransport:
         buffers = [*rest, data, *beside] if data else [*rest, *beside]
         try:
             if self._socket is not None:
-                await self._send_buffers(self._socket, buffers)
+                await self._send_buffers(self._socket, buffers, begun=bool(rest))
             elif buffers:
                 await self._stream.send(b"".join(buffers))
         except _GONE as exc:
             raise _broken(exc) from exc
 
     @staticmethod
-    async def _send_buffers(sock: SocketTransport, buffers: list[Buffer]) -> None:
+    async def _send_buffers(sock: SocketTransport, buffers: list[Buffer],
+                            begun: bool = False) -> None:
         """All of ``buffers``, in order, without joining them. Cut short after part of a
-        message went out, the socket is shut down (as `SocketByteStream.send` does)."""
-        started = False
+        message went out (here, or ``begun`` before), the socket is shut down (as
+        `SocketByteStream.send` does): a peer must never read half a message."""
+        started = begun
         try:
             while buffers:
                 sent = await sock.send_some(buffers)
