@@ -271,11 +271,21 @@ async def stdio_server(*args: str, env: dict[str, str] | None = None, **popen: A
                        ) -> AsyncIterator[StdioServer]:
     """`serve --stdio` as a child whose stdin and stdout are our transport (``popen``: more
     of subprocess.Popen's arguments, such as cwd and umask)."""
+    async with far_side(ttyserve_command("serve", "--stdio", "--command", SH, *args), env,
+                        **popen) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def far_side(argv: list[str], env: dict[str, str] | None = None, **popen: Any,
+                   ) -> AsyncIterator[StdioServer]:
+    """``argv`` (what a carrier runs on the far side) as a child whose stdin and stdout are
+    our transport, its stderr kept for `StdioServer.stderr`."""
     to_server, from_us = os.pipe()
     from_server, to_us = os.pipe()
     process = subprocess.Popen(
-        ttyserve_command("serve", "--stdio", "--command", SH, *args), stdin=to_server,
-        stdout=to_us, stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, **popen)
+        argv, stdin=to_server, stdout=to_us, stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})}, **popen)
     os.close(to_server)
     os.close(to_us)
     transport = PipeTransport(from_server, from_us)
