@@ -7,6 +7,7 @@ Without openssh-server the tests are skipped, loudly (see the root conftest's su
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd (as root) refuses to start without it
+PRIVSEP_MADE = PRIVSEP_DIR / ".made-by-ttyserve-tests"  # we made it: the last test removes it
 START_TIMEOUT = 15.0  # seconds for sshd to say it listens
 STOP_TIMEOUT = 10.0  # seconds for sshd to end after SIGTERM, before SIGKILL
 INSTALL_HINT = "openssh-server is not installed (apt-get install openssh-server)"
@@ -62,6 +64,38 @@ def _keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
+@contextlib.contextmanager
+def privsep_directory() -> Iterator[None]:
+    """/run/sshd for as long as this test's sshd runs. The tests run in several processes,
+    each module's sshd its own, and every new ssh connection needs the directory: it is
+    made when missing, and removed (if a test made it) by the last sshd to leave. Each
+    holds a shared lock on this directory meanwhile; the one that leaves removes it only
+    if it can have the lock alone, and a newcomer waits for that removal to be over."""
+    lock = os.open(os.path.dirname(os.path.abspath(__file__)), os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            PRIVSEP_DIR.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        else:
+            PRIVSEP_MADE.touch()
+        try:
+            yield
+        finally:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another sshd still needs it
+            else:
+                if PRIVSEP_MADE.exists():
+                    PRIVSEP_MADE.unlink()
+                    with contextlib.suppress(OSError):
+                        PRIVSEP_DIR.rmdir()
+    finally:
+        os.close(lock)
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if it does not end in time; always reaped."""
     if process.poll() is None:
@@ -92,13 +126,11 @@ def sshd() -> Iterator[Sshd]:
             pytest.skip(f"openssh-client is not installed (apt-get install openssh-client): "
                         f"no {program}")
     directory = Path(tempfile.mkdtemp(prefix="tts-sshd-", dir="/tmp"))
-    made_privsep = False
     process: subprocess.Popen[bytes] | None = None
     drainer: threading.Thread | None = None
+    privsep = contextlib.ExitStack()
     try:
-        if not PRIVSEP_DIR.exists():
-            PRIVSEP_DIR.mkdir(mode=0o755)
-            made_privsep = True
+        privsep.enter_context(privsep_directory())
         host_public = _keygen(directory / "host_ed25519")
         client_public = _keygen(directory / "client_ed25519")
         (directory / "authorized_keys").write_text(client_public + "\n")
@@ -177,6 +209,4 @@ def sshd() -> Iterator[Sshd]:
             if process.stderr is not None:
                 process.stderr.close()
         shutil.rmtree(directory, ignore_errors=True)
-        if made_privsep:
-            with contextlib.suppress(OSError):
-                PRIVSEP_DIR.rmdir()
+        privsep.close()
