@@ -271,13 +271,13 @@ async def stdio_server(*args: str, env: dict[str, str] | None = None, **popen: A
                        ) -> AsyncIterator[StdioServer]:
     """`serve --stdio` as a child whose stdin and stdout are our transport (``popen``: more
     of subprocess.Popen's arguments, such as cwd and umask)."""
-    async with far_side(ttyserve_command("serve", "--stdio", "--command", SH, *args), env,
-                        **popen) as server:
+    argv = ttyserve_command("serve", "--stdio", "--command", SH, *args)
+    async with far_side_process(argv, env, **popen) as server:
         yield server
 
 
 @contextlib.asynccontextmanager
-async def far_side(argv: list[str], env: dict[str, str] | None = None, **popen: Any,
+async def far_side_process(argv: list[str], env: dict[str, str] | None = None, **popen: Any,
                    ) -> AsyncIterator[StdioServer]:
     """``argv`` (what a carrier runs on the far side) as a child whose stdin and stdout are
     our transport, its stderr kept for `StdioServer.stderr`."""

@@ -74,26 +74,27 @@ def privsep_directory() -> Iterator[None]:
     lock = os.open(os.path.dirname(os.path.abspath(__file__)), os.O_RDONLY)
     try:
         fcntl.flock(lock, fcntl.LOCK_SH)
-        try:
+        with contextlib.suppress(FileExistsError):
             PRIVSEP_DIR.mkdir(mode=0o755)
-        except FileExistsError:
-            pass
-        else:
-            PRIVSEP_MADE.touch()
+            PRIVSEP_MADE.touch()  # (only by the one that made it)
         try:
             yield
         finally:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass  # another sshd still needs it
-            else:
-                if PRIVSEP_MADE.exists():
-                    PRIVSEP_MADE.unlink()
-                    with contextlib.suppress(OSError):
-                        PRIVSEP_DIR.rmdir()
+            if _alone(lock) and PRIVSEP_MADE.exists():  # else another sshd still needs it
+                PRIVSEP_MADE.unlink()
+                with contextlib.suppress(OSError):
+                    PRIVSEP_DIR.rmdir()
     finally:
         os.close(lock)
+
+
+def _alone(lock: int) -> bool:
+    """Whether the lock on ``lock`` can be had exclusively now (no one else holds it)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SH, StdioServer, ctrl, far_side, split_output, start_server, ttyserve_command
+from helpers import (
+    SH,
+    StdioServer,
+    ctrl,
+    far_side_process,
+    split_output,
+    start_server,
+    ttyserve_command,
+)
 
 from ttyserve.client import connect
 from ttyserve.defaults import PERSIST_ARGUMENTS
@@ -36,7 +44,7 @@ def runtime(short_dir: Path) -> Iterator[Path]:
 async def relay(runtime: Path) -> AsyncIterator[StdioServer]:
     """The carrier's far side, `ttyserve serve --stdio --persist`, on our pipes, its
     imports on its stderr (`-X importtime`)."""
-    async with far_side(ttyserve_command(*PERSIST_ARGUMENTS), {
+    async with far_side_process(ttyserve_command(*PERSIST_ARGUMENTS), {
             "XDG_RUNTIME_DIR": str(runtime), "PYTHONPROFILEIMPORTTIME": "1"}) as process:
         yield process
 

@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         try:
             if persist.relay_to_running_server():
-                sys.exit()
+                sys.exit()  # ServeExit.OK (whose module imports enum: a quarter of the relay)
         except OSError:
             pass  # said by the full path below, which tries again
     from . import warm
