@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..defaults import PERSIST_ARGUMENTS
@@ -9,6 +10,7 @@ from ..defaults import PERSIST_ARGUMENTS
 TYPE_CHECKING = False  # (typing's costs its import; mypy reads any TYPE_CHECKING as true)
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import NoReturn
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -22,16 +24,26 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         try:
             if persist.relay_to_running_server():
-                sys.exit()  # ServeExit.OK (whose module imports enum: a quarter of the relay)
+                _exit_now(0)  # ServeExit.OK (whose module imports enum: a quarter of the relay)
         except OSError:
             pass  # said by the full path below, which tries again
     from . import warm
 
     if warm.eligible(args) and (code := warm.handed_over(args)) is not None:
-        sys.exit(code)
+        _exit_now(code)
     from .main import main as run
 
     run(args)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` once the work was done elsewhere (a warm child, the server relayed
+    to), skipping the interpreter's teardown: 2 ms of a 12 ms process here, paid by every
+    carrier's far side and every warm `exec`. Nothing of this process is left to run but
+    its standard streams' buffers."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 __all__ = ["main"]
