@@ -28,10 +28,20 @@ from ..server.auth import stdio_peer
 from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
 from ..server.listener import Server
-from ..server.mesh import STOP, UPGRADE, WORKER_ENV, Mesh, WorkerSpec, die_with_supervisor
+from ..server.mesh import (
+    READY,
+    REFUSED,
+    STOP,
+    UPGRADE,
+    UPGRADED,
+    WORKER_ENV,
+    Mesh,
+    WorkerSpec,
+    die_with_supervisor,
+    report,
+)
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
-from ..server.supervisor import READY, REFUSED, UPGRADED, Supervisor, report
 from ..server.upgrade import (
     HELD_SIGNALS,
     Handover,
@@ -291,6 +301,8 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
         if spec is None and handed is None and config.worker_count > 1:
+            from ..server.supervisor import Supervisor  # (5 ms of every other server's start)
+
             with _held(leases, journal, containment):
                 try:
                     return await Supervisor(config.worker_count, listeners, journal,

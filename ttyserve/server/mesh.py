@@ -30,6 +30,26 @@ LINK_HELLO_LIMIT = 4096  # the longest LinkHello a link listener reads
 STOP, FORCE, UPGRADE = "stop", "force", "upgrade"
 
 
+class Report(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A worker's word to its supervisor: it serves, it upgraded, or it refused to."""
+
+    event: str  # READY, UPGRADED, REFUSED
+    sessions: int = 0  # UPGRADED: the sessions it kept
+    from_version: str = ""
+    to_version: str = ""
+
+
+READY, UPGRADED, REFUSED = "ready", "upgraded", "refused"
+
+
+def report(fd: int, event: str, **members: object) -> None:
+    """A worker tells its supervisor ``event`` (one datagram; lost if it is gone)."""
+    try:
+        os.write(fd, msgspec.json.encode(Report(event=event, **members)))  # type: ignore[arg-type]
+    except OSError:
+        pass
+
+
 class WorkerSpec(msgspec.Struct, kw_only=True):
     """What the supervisor hands a worker it starts (and the worker keeps across its own
     upgrades in place): its slot, the server's listeners and journal, where links go."""

@@ -35,7 +35,18 @@ from ..backends.reaper import become_subreaper, run_orphan_reaper
 from ..exitcodes import ServeExit
 from .handover import ListenerState
 from .journal import Journal, ServerUpgrade, hang_up_survivors
-from .mesh import FORCE, STOP, UPGRADE, WORKER_ENV, Census, WorkerSpec
+from .mesh import (
+    FORCE,
+    READY,
+    REFUSED,
+    STOP,
+    UPGRADE,
+    UPGRADED,
+    WORKER_ENV,
+    Census,
+    Report,
+    WorkerSpec,
+)
 from .upgrade import entry_point
 
 log = logging.getLogger("ttyserve")
@@ -46,26 +57,6 @@ STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 DISPATCH_WAIT = 1.0  # seconds a connection waits for a worker to take it
 RESTART_PAUSE = 1.0  # a worker that died before it served is started again after this
 TREE_GRACE = 2.0  # seconds a dead worker's session cgroups have to empty
-
-
-class Report(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A worker's word to its supervisor: it serves, it upgraded, or it refused to."""
-
-    event: str  # READY, UPGRADED, REFUSED
-    sessions: int = 0  # UPGRADED: the sessions it kept
-    from_version: str = ""
-    to_version: str = ""
-
-
-READY, UPGRADED, REFUSED = "ready", "upgraded", "refused"
-
-
-def report(fd: int, event: str, **members: object) -> None:
-    """A worker tells its supervisor ``event`` (one datagram; lost if it is gone)."""
-    try:
-        os.write(fd, msgspec.json.encode(Report(event=event, **members)))  # type: ignore[arg-type]
-    except OSError:
-        pass
 
 
 @dataclass
