@@ -301,7 +301,7 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                 log.error("%s", exc)
             return ServeExit.LEASE if isinstance(exc, LeaseError) else ServeExit.CONFIG
         if spec is None and handed is None and config.worker_count > 1:
-            from ..server.supervisor import Supervisor  # (5 ms of every other server's start)
+            from ..server.supervisor import Supervisor  # (3-5 ms of every other start)
 
             with _held(leases, journal, containment):
                 try:
