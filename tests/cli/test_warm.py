@@ -403,10 +403,13 @@ def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_p
 
 # --- the caller's confinement --------------------------------------------------------------
 
-# What the far side sees of its confinement (the cgroup its server is in: each session gets
-# one of its own below it), then its grandparent: the process that
-# ran `serve --stdio` (a warm server, or the `exec` that ran it cold).
-CONFINEMENT = ("readlink /proc/self/ns/net; wc -l < /proc/net/dev; cat /proc/$PPID/cgroup; "
+# What the far side sees of its confinement (the cgroup its server started from: the
+# session's own, less the `ttyserve/SERVER/SESSION` its server made below it; never the
+# server's, which is the session's own while the server spawns and moves back), then its
+# grandparent: the process that ran `serve --stdio` (a warm server, or the `exec` that ran it
+# cold).
+CONFINEMENT = ("readlink /proc/self/ns/net; wc -l < /proc/net/dev; "
+               "sed 's,/ttyserve/[^/]*/[^/]*$,,' /proc/self/cgroup; "
                "ulimit -Hn; cat /proc/self/loginuid /proc/self/sessionid; echo; "
                "awk '/^PPid/ {print $2}' /proc/$PPID/status")
 REMOTE = str(Path(sys.executable).parent / "ttyserve")
