@@ -170,6 +170,10 @@ class MemoryProcess(Uncontained):
         self.send_signal(signal.SIGCONT)
         return running
 
+    def kill(self) -> None:
+        if self._status is None:  # (no process ignores it)
+            self._kill(signal.SIGKILL)
+
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None  # no descriptor: the session awaits `wait`
 

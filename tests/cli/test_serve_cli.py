@@ -116,7 +116,9 @@ def test_tcp_port_0_prints_the_real_port(short_dir: Path) -> None:
 
 def test_watchdog_forces_exit_1_and_kills_sessions(short_dir: Path) -> None:
     server = start_server(short_dir, "--shutdown-timeout", "1")
-    sock, pgid = open_session(server, "trap '' HUP; echo running; sleep 30")
+    # The client reads nothing more: the session's output, and so its exit, hold the drain.
+    sock, pgid = open_session(server, "trap '' HUP PIPE; echo running; "
+                                      "while :; do echo flooding; done 2>/dev/null")
     with sock:
         started = time.monotonic()
         assert server.stop(signal.SIGTERM) == ServeExit.ERROR

@@ -29,11 +29,12 @@ from helpers import (
 )
 
 from ttyserve.client import connect
+from ttyserve.defaults import KILL_GRACE
 from ttyserve.errors import ConnectionLost, RequestError
 from ttyserve.exitcodes import ServeExit
 from ttyserve.protocol.frames import FrameDecoder, FrameKind
 from ttyserve.protocol.messages import Cancel, Exit, Open
-from ttyserve.server.journal import Reason, SessionEnd, SessionStart, read_file
+from ttyserve.server.journal import Reason, SessionDetach, SessionEnd, SessionStart, read_file
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 
@@ -57,11 +58,13 @@ def assert_one_end_per_start(journal: Path) -> dict[str, SessionEnd]:
     return {key: value[0] for key, value in ends.items()}
 
 
-def open_running(server: ServerProcess, script: str, pty: bool) -> tuple[socket.socket, int]:
+def open_running(server: ServerProcess, script: str, pty: bool,
+                 detachable: bool = False) -> tuple[socket.socket, int]:
     sock = socket.socket(socket.AF_UNIX)
     sock.settimeout(10)
     sock.connect(server.addresses[0].removeprefix("unix:"))
-    sock.sendall(HELLO + ctrl(1, Open(argv=[SH, "-c", script], pty=pty)))
+    sock.sendall(HELLO + ctrl(1, Open(argv=[SH, "-c", script], pty=pty,
+                                      detachable=detachable)))
     decoder, frames = FrameDecoder(), []
     while not any(f.kind is FrameKind.STDOUT for f in frames):
         frames += decoder.feed(sock.recv(65536))
@@ -202,19 +205,79 @@ def test_sigterm_with_50_busy_sessions(short_dir: Path) -> None:
     assert [e.reason for e in ends.values()] == [Reason.SHUTDOWN] * 50
 
 
-def test_watchdog_with_a_session_that_ignores_sighup(short_dir: Path) -> None:
+IGNORES_HUP = "trap '' HUP; echo up; while :; do sleep 1; done"  # its sleeps ignore it too
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_kills_what_ignores_the_hang_up_after_the_kill_grace(
+        short_dir: Path) -> None:
+    """Shutdown hangs up as `cancel` does: SIGKILL after the kill grace, so sessions that
+    ignore SIGHUP (pipe and PTY; one detached, one detachable attached from another
+    connection) neither hold the drain nor outlive the server, and each has its end."""
+    journal = short_dir / "journal.jsonl"
+    server = start_server(short_dir, "--journal", str(journal), "--shutdown-timeout", "30")
+    address = server.addresses[0]
+    try:
+        async with connect(address, multiplex=True) as conn, \
+                connect(address, multiplex=True) as other:
+            attached = [await conn.spawn([SH, "-c", IGNORES_HUP], pty=pty) for pty in (False, True)]
+            detached = await conn.spawn([SH, "-c", IGNORES_HUP], pty=True, detachable=True)
+            moved = await conn.spawn([SH, "-c", IGNORES_HUP], pty=False, detachable=True)
+            for session in (*attached, detached, moved):
+                assert (await session.receive()) is not None  # "up": it runs, HUP ignored
+            await detached.detach()
+            taken = await other.attach(moved.id or "", steal=True)
+            pids = [s.pid or 0 for s in (*attached, detached, moved)]
+            started = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(KILL_GRACE + 10):
+                statuses = [await s.wait() for s in (*attached, taken)]
+        assert server.wait() == ServeExit.OK
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop(signal.SIGKILL)
+    assert [status.signal for status in statuses] == ["KILL"] * 3
+    assert KILL_GRACE * 0.9 <= elapsed < KILL_GRACE + 4, elapsed
+    assert all(processes_in_group(pid) == [] for pid in pids)
+    ends = assert_one_end_per_start(journal)
+    assert len(ends) == 4
+    assert {(e.reason, e.signal) for e in ends.values()} == {(Reason.SHUTDOWN, "KILL")}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("forced_by", ["watchdog", "second signal"])
+async def test_a_forced_shutdown_kills_every_session_and_writes_its_end(
+        short_dir: Path, forced_by: str) -> None:
+    """A client that stops reading holds its sessions' exits, and so the drain: the watchdog
+    ends it with exit 1; a second SIGTERM does at once, before the kill grace. Either way
+    the sessions, detachable or not, die with the server and have their end records."""
     journal = short_dir / "journal.jsonl"
     server = start_server(short_dir, "--journal", str(journal), "--shutdown-timeout", "2")
-    sock, pgid = open_running(server, "trap '' HUP; echo up; sleep 300", pty=False)
+    # Neither a hang-up nor a closed pipe ends it: only a kill does.
+    flood = "trap '' HUP PIPE; echo up; while :; do echo flooding; done 2>/dev/null"
+    held = [open_running(server, script, pty=False, detachable=detachable)
+            for script in (flood, IGNORES_HUP)  # no client reads after the first output
+            for detachable in (False, True)]
+    gone, _ = held[-1]
+    gone.close()  # its session goes on detached, its connection gone
+    assert await wait_until(lambda: any(isinstance(r, SessionDetach)
+                                        for r in read_file(str(journal)).records), 10)
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    assert server.wait(20) == ServeExit.ERROR
-    elapsed = time.monotonic() - started
-    sock.close()
-    assert 2 <= elapsed < 6, elapsed
-    assert processes_in_group(pgid) == []
+    if forced_by == "second signal":  # once the first was taken (two pending are one)
+        assert await wait_until(lambda: "shutting down" in server.stderr_tail(), 10)
+        server.proc.send_signal(signal.SIGTERM)
+    try:
+        assert server.wait(20) == ServeExit.ERROR
+        elapsed = time.monotonic() - started
+        assert (2 if forced_by == "watchdog" else 0) <= elapsed < 6, elapsed
+        assert all(processes_in_group(pgid) == [] for _, pgid in held)
+    finally:
+        for sock, pgid in held:
+            sock.close()
+            kill_group(pgid)  # (what a broken server would leave)
     ends = assert_one_end_per_start(journal)
-    assert [e.reason for e in ends.values()] == [Reason.SHUTDOWN]
+    assert len(ends) == len(held) and {e.reason for e in ends.values()} == {Reason.SHUTDOWN}
 
 
 def test_a_session_cancelled_in_the_batch_of_its_open_has_both_records(short_dir: Path) -> None:
@@ -306,7 +369,7 @@ async def test_a_graceful_shutdown_records_how_each_session_really_ended(
     server = start_server(short_dir, "--journal", str(journal), "--linger", "30")
     scripts = {
         "exited": "trap '' HUP; sleep 3 & echo up; exit 3",  # sleep holds stdout open
-        "ignores": "trap '' HUP; echo up; sleep 1; exit 236",
+        "ignores": "trap '' HUP; echo up; sleep 0.3; exit 236",  # within the kill grace
         "ended": "echo up; exec sleep 86400",
     }
     statuses: dict[str, Exit] = {}

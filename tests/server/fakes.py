@@ -7,6 +7,7 @@ host interface, so what the tests read back is what a client would receive.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 from ttyserve.backends.base import ProcessSpec, Uncontained
@@ -122,6 +123,9 @@ class FakeProcess(Uncontained):
     def hang_up(self) -> bool:
         self.hung_up += 1
         return self.status is None
+
+    def kill(self) -> None:
+        self.signals.append(signal.SIGKILL)
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None  # the test says when it was reaped

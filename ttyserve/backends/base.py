@@ -159,6 +159,13 @@ class ProcessHandle(Protocol):
         group is hung up all the same). Raises nothing."""
         ...
 
+    def kill(self) -> None:
+        """SIGKILL to the session's whole tree: its cgroup where it has one (what left the
+        group too), else its process group; what a hang-up did not end is ended (a graceful
+        shutdown, after the kill grace). The session ends as its process does. Raises
+        nothing."""
+        ...
+
     @property
     def cgroup_path(self) -> str | None:
         """The directory of the cgroup its tree runs in; None where the backend does not

@@ -44,6 +44,7 @@ _INSTANCE = re.compile(r"(\d+)-(\d+)")  # a server's directory: PID-STARTTIME
 # The server's threads count toward a session's pids.max while it spawns in its cgroup (up
 # to anyio's 40 worker threads): a lower limit would refuse spawns now and then.
 MIN_PIDS_MAX = 64
+GONE = (errno.ENOENT, errno.ENODEV)  # a cgroup removed, or being removed, when its file is read
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +136,10 @@ def populated(directory: str) -> bool:
     """Whether a process lives in ``directory`` or below (its `cgroup.events`)."""
     try:
         return "populated 1" in _read(os.path.join(directory, "cgroup.events"))
-    except FileNotFoundError:
-        return False
+    except OSError as exc:
+        if exc.errno in GONE:
+            return False
+        raise
 
 
 def remove_tree(directory: str) -> bool:

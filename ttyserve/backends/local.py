@@ -242,6 +242,12 @@ class LocalProcess:
         signal_group(self.pid, signal.SIGCONT)
         return running
 
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        elif not self.returned or group_alive(self.pid):  # (its jobs, after it returned)
+            signal_group(self.pid, signal.SIGKILL)
+
     def _running(self) -> bool:
         """Whether the child has not exited yet (a zombie has); it is not reaped here."""
         try:

@@ -247,6 +247,9 @@ class ExitedProcess(Uncontained):
     def hang_up(self) -> bool:
         return False
 
+    def kill(self) -> None:
+        return None
+
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None
 

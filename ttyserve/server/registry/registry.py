@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 
 from ...backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
-from ...defaults import BUSY_RETRY_MS, UPGRADE_RETRY_MS
+from ...defaults import BUSY_RETRY_MS, KILL_GRACE, UPGRADE_RETRY_MS
 from ...errors import ErrorCode, RequestError
 from ...protocol.frames import FrameKind
 from ...protocol.messages import (
@@ -59,6 +59,9 @@ from .session_ends import SessionEnds
 from .sharing import Sharing
 
 log = logging.getLogger("ttyserve")
+# How long the server's last act waits for the sessions it ended: each one's hang-up and
+# kill grace, and the kill's own wait for its cgroup to empty.
+END_ALL_GRACE = 3 * KILL_GRACE
 
 
 def busy(message: str) -> RequestError:
@@ -120,6 +123,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self.grants = Grants(self._id_prefix)  # section 11: who may attach without the token
         self.typing = Typing()  # interactive first: while anyone types, others read small
         self.closing = False  # a graceful shutdown began: no new sessions
+        self._killing = False  # ...and its kill grace is over: what still runs is killed
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
         self._opening_keys: set[tuple[str, str]] = set()  # their owners' idempotency keys
@@ -136,14 +140,18 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionRegistry]:
-        """The task group sessions run in; on the way out, every session still running is
-        cancelled (killed and reaped)."""
+        """The task group sessions run in; on the way out (a forced shutdown too), every
+        session still running is ended (killed and reaped) and its end written."""
         async with anyio.create_task_group() as tg:
             self._task_group = tg
             tg.start_soon(self._sweep)
             try:
                 async with open_tasks(tg) as self._tasks:
-                    yield self
+                    try:
+                        yield self
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._end_all()
             finally:
                 tg.cancel_scope.cancel()
                 self._task_group = self._tasks = None
@@ -313,6 +321,8 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self.count()
         if self.closing:  # the shutdown began while it was spawned: hung up as the others
             session.hang_up()
+            if self._killing:
+                session.kill()
         return session
 
     def attach(self, request: Attach, owner: str, sessions_here: int,
@@ -465,12 +475,30 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                 await self._replan.wait()
 
     def hang_up_all(self) -> None:
-        """Graceful shutdown: no new sessions; SIGHUP to every running session's process
-        group, detached ones included."""
+        """Graceful shutdown: no new sessions; every running session is hung up as `cancel`
+        does, detached ones included (SIGHUP to its process group, and what still runs
+        KILL_GRACE seconds later killed), and ends as its process does, its exit sent."""
         self.closing = True
         for session in list(self.sessions.values()):
             if session.final is None:
                 session.hang_up()
+        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        self._task_group.start_soon(self._kill_after_grace)
+
+    async def _kill_after_grace(self) -> None:
+        await anyio.sleep(KILL_GRACE)
+        self._killing = True
+        for session in list(self.sessions.values()):
+            session.kill()
+
+    async def _end_all(self) -> None:
+        """The server's last act: every session still running is ended now (killed and
+        reaped) and its end written, so no way out of it, forced or not, leaves a process
+        running or a start without its end."""
+        for session in list(self.sessions.values()):
+            session.cancel(Reason.SHUTDOWN)
+        with anyio.move_on_after(END_ALL_GRACE):
+            await self.wait_empty()
 
     async def wait_empty(self) -> None:
         """Until no session runs (ended ones waiting for an attach do not count)."""

@@ -198,6 +198,12 @@ class ServerSession:
         if self.process.hang_up():
             self.life.reason = self.life.reason or reason
 
+    def kill(self) -> None:
+        """What a hang-up left running is killed (the whole tree); the session ends as its
+        process does, its exit sent."""
+        if not self.life.settled:
+            self.process.kill()
+
     def feed_stdin(self, data: bytes) -> int:
         """Input for the process: the bytes it took now (the rest is queued)."""
         self.bytes_in += len(data)
