@@ -33,7 +33,7 @@ from helpers import (
     warm_runtime,
 )
 
-from ttyserve.cli.warm import MAGIC, context, warm_socket_path
+from ttyserve.cli.warm import ENDED, GO, MAGIC, STARTED, context, warm_socket_path
 from ttyserve.exitcodes import ExecExit, ServeExit
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open
@@ -399,6 +399,106 @@ def test_exec_says_failure_when_the_warm_server_dies_and_a_signal_death_is_128_p
             warm.kill()
             assert stub.wait(20) == ExecExit.FAILURE
             os.kill(child, signal.SIGTERM)  # (its exec, ours to end: the warm one is gone)
+
+
+# --- never twice: the child waits for its stub's word ----------------------------------------
+
+
+def warm_request(argv: list[str], fds: tuple[int, int, int]) -> tuple[bytes, bytes]:
+    """A stub's request to run ``argv`` (ttyserve's arguments) with ``fds`` as its stdio,
+    as cli/warm.py sends it: the bytes, and the descriptors as SCM_RIGHTS data."""
+    fields = [MAGIC, context(), os.getcwdb(), b"18", b"%d" % len(argv),
+              *(arg.encode() for arg in argv),
+              *(key + b"=" + value for key, value in os.environb.items())]
+    request = b"\0".join(fields)
+    return (len(request).to_bytes(4, "big") + request,
+            b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds))
+
+
+def started(sock: socket.socket) -> tuple[int, int]:
+    """The warm server's STARTED: the child's pid, and GO's pipe (its writing end)."""
+    reply, fds, _, _ = socket.recv_fds(sock, 5, 1)
+    assert reply[:1] == STARTED and len(reply) == 5 and len(fds) == 1, (reply, fds)
+    return int.from_bytes(reply[1:], "big"), fds[0]
+
+
+def ended(sock: socket.socket) -> int:
+    """The warm server's ENDED: the exit code its child's stub is to exit with."""
+    reply = sock.recv(5)
+    assert reply[:1] == ENDED and len(reply) == 5, reply
+    return int.from_bytes(reply[1:], "big")
+
+
+def test_a_warm_child_runs_nothing_until_its_stub_says_go(
+        server_process: ServerProcess, short_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race of a stub that never hears of its child (the warm server killed, the reply
+    lost) forced: this test is the stub, and hears STARTED. Without its GO the child ends
+    having run nothing (the stub would run the command itself); with it, the command runs
+    once."""
+    ran = tmp_path / "ran"
+    argv = ["exec", "--connect", server_process.addresses[0], "--", SH, "-c",
+            f"echo ran >> {ran}; exit 3"]
+    with start_warm_server(short_dir, monkeypatch), open(os.devnull, "r+b") as null:
+        request, fds = warm_request(argv, (null.fileno(),) * 3)
+        for say_go in (False, True):
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(20)
+                sock.connect(warm_socket_path())
+                sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                _, go = started(sock)
+                if say_go:
+                    os.write(go, GO)
+                os.close(go)
+                code = ended(sock)
+            if say_go:
+                assert code == 3 and ran.read_text() == "ran\n"
+            else:
+                assert not ran.exists(), "the child ran the command without its stub's GO"
+
+
+def scripted_warm_server(directory: Path, monkeypatch: pytest.MonkeyPatch) -> socket.socket:
+    """A listener where the stubs of this test look for their warm server: the test plays
+    it."""
+    warm_runtime(directory, monkeypatch)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(warm_socket_path())
+    listener.listen()
+    listener.settimeout(20)
+    return listener
+
+
+@pytest.mark.parametrize("answer", ["closed", "child gone", "went away after GO"])
+def test_a_stub_runs_the_command_itself_only_while_no_child_can(
+        answer: str, server_process: ServerProcess, short_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub runs the command itself when its warm server closes before STARTED, or when
+    the child ended before reading GO (EPIPE); once it has said GO, never: without the
+    child's status it exits 255."""
+    ran = tmp_path / "ran"
+    with scripted_warm_server(short_dir, monkeypatch) as listener, \
+            exec_stub(server_process, SH, "-c", f"echo ran >> {ran}; exit 3",
+                      stdin=subprocess.DEVNULL) as stub:
+        with listener.accept()[0] as sock:
+            sock.settimeout(20)
+            _, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            for fd in fds:
+                os.close(fd)
+            if answer != "closed":
+                go_read, go_write = os.pipe()
+                if answer == "child gone":
+                    os.close(go_read)
+                socket.send_fds(sock, [STARTED + (1).to_bytes(4, "big")], [go_write])
+                os.close(go_write)
+                if answer != "child gone":
+                    assert os.read(go_read, 8) == GO
+                    os.close(go_read)
+        if answer == "went away after GO":
+            assert stub.wait(20) == ExecExit.FAILURE
+            assert not ran.exists(), "the stub ran the command after its GO"
+        else:
+            assert stub.wait(20) == 3
+            assert ran.read_text() == "ran\n"
 
 
 # --- the caller's confinement --------------------------------------------------------------

@@ -10,6 +10,12 @@ forks a child that takes them and runs the command as this process would have; t
 process waits, passes on the signals it gets, and exits with the child's status. Per
 command only this module's imports are paid.
 
+A command that started is never run twice (contracts.md), whatever happens between the
+fork and the stub hearing of it: the child waits for the stub's word (GO, on a pipe whose
+writing end comes with STARTED) before it runs anything. A stub that has not sent it may
+run the command itself (the child then sees the pipe's end and exits, having run
+nothing); one that has sent it never does, and without the child's status exits 255.
+
 When none answers, the command runs here as before, and a warm server is started in the
 background for the next one; it ends after WARM_IDLE seconds without a command.
 `TTYSERVE_WARM=0` turns both off. The socket's name carries a digest of the installed
@@ -41,12 +47,13 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 WARM_ENV = "TTYSERVE_WARM"  # "0": neither use nor start a warm server
-MAGIC = b"ttyserve-warm-2"  # the request's first field: the stub and server speak one format
+MAGIC = b"ttyserve-warm-3"  # the request's first field: the stub and server speak one format
 FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM)  # passed on
 STOPPING = {_signal.SIGTERM, _signal.SIGINT}  # stop the warm server (WarmServer.stop)
 REQUEST_LIMIT = 4 << 20  # bytes of arguments and environment a request may carry
 HANDSHAKE_TIMEOUT = 5.0  # seconds a connected stub has to send its request
-STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes)
+STARTED = b"P"  # warm server -> stub: the child's pid follows (4 bytes), and GO's pipe
+GO = b"G"  # stub -> child, on that pipe: the command is the child's to run, never the stub's
 ENDED = b"X"  # warm server -> stub: the exit code to exit with follows (4 bytes)
 # What every child would import (or build) again, done once in the warm server:
 PRELOADED = ("pwd", "anyio._backends._asyncio", "anyio._core._signals", "ttyserve.server.config",
@@ -202,15 +209,31 @@ def _hand_over(sock: _socket.socket, args: list[str], confinement: bytes) -> int
     request = b"\0".join(fields)
     header = len(request).to_bytes(4, "big")
     fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
+    go = None
     try:
         sent = sock.sendmsg([header + request],
                             [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         sock.sendall((header + request)[sent:])
-        reply = _receive_exactly(sock, 5)
+        reply, ancillary, _, _ = sock.recvmsg(5, _socket.CMSG_SPACE(4),
+                                              _socket.MSG_CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
+                go = int.from_bytes(data[:4], sys.byteorder, signed=True)
+        if reply[:1] == STARTED:
+            reply += _receive_exactly(sock, 5 - len(reply))
     except OSError:
         reply = b""
-    if len(reply) < 5 or reply[:1] != STARTED:
-        return None  # it closed before forking (ending, idle, confined otherwise): run here
+    if go is None or len(reply) < 5 or reply[:1] != STARTED:
+        if go is not None:
+            os.close(go)
+        return None  # no child runs it: none was forked (the warm server was ending, idle,
+        # confined otherwise) or it waits for GO, which never comes: run it here
+    try:
+        os.write(go, GO)  # from here on the command is the child's alone
+    except OSError:  # (EPIPE: the child ended before reading it, having run nothing)
+        return None
+    finally:
+        os.close(go)
     child = int.from_bytes(reply[1:], "big")
     # The child has stdin and stdout now; ours must not keep the carrier's pipes open.
     null = os.open(os.devnull, os.O_RDWR)
@@ -405,6 +428,7 @@ class WarmServer:
         confined otherwise than this server is refused (it runs cold)."""
         import selectors
         import signal
+        import socket
 
         request = _read_request(stub)
         if request is None:
@@ -422,26 +446,29 @@ class WarmServer:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        # No stop() between the fork and the stub's answer, in either process: the stub
-        # must never run the command itself while a child runs it too.
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+        go_read, go_write = os.pipe2(os.O_CLOEXEC)  # the stub's GO to the child
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)  # no stop() before the stub knows
         pid = os.fork()
         if pid == 0:
-            self.child(stub, fds, args, env, cwd, umask)
+            os.close(go_write)
+            self.child(stub, fds, go_read, args, env, cwd, umask)
+        os.close(go_read)
         for fd in fds:
             os.close(fd)
-        try:
-            stub.sendall(STARTED + pid.to_bytes(4, "big"))
+        try:  # its stub gone, the child sees GO's pipe end with this process's copy
+            socket.send_fds(stub, [STARTED + pid.to_bytes(4, "big")], [go_write])
         except OSError:
-            os.kill(pid, signal.SIGTERM)  # its stub is gone already
+            pass
+        os.close(go_write)
         self.children[pid] = stub
         self.selector.register(stub, selectors.EVENT_READ, pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
 
-    def child(self, stub: socket.socket, fds: list[int], args: list[str], env: dict[str, str],
-              cwd: str, umask: int) -> NoReturn:
-        """The forked child: the stub's descriptors, environment, cwd and umask, then its
-        command, as `ttyserve` run there would; exits with its status."""
+    def child(self, stub: socket.socket, fds: list[int], go: int, args: list[str],
+              env: dict[str, str], cwd: str, umask: int) -> NoReturn:
+        """The forked child: once its stub said GO (else it exits, having run nothing), the
+        stub's descriptors, environment, cwd and umask, then its command, as `ttyserve` run
+        there would; exits with its status."""
         import signal
 
         from .main import main as full_main
@@ -451,6 +478,9 @@ class WarmServer:
             self.close_all()
             stub.close()
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+            if os.read(go, len(GO)) != GO:  # the stub runs it itself, or is gone
+                os._exit(code)
+            os.close(go)
             os.setsid()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
