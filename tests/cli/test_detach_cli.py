@@ -12,9 +12,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import anyio
 import pytest
 from helpers import ServerProcess, ttyserve_command
+
+from ttyserve.client import connect
 
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(shutil.which("tmux") is None,
@@ -105,6 +109,62 @@ def test_detach_list_and_attach_at_a_terminal(server_process: ServerProcess, tmu
     tmux.expect("attach", r"\nagain-2")  # then live, and interactive
     tmux.keys("attach", "exit 5", "Enter")
     tmux.expect("attach", r"rc=5\nicanon\necho")  # the remote status, the terminal restored
+
+
+async def detached_shell(address: str) -> str:
+    """A detachable `sh` under a PTY, detached: its id."""
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sh"], pty=True, detachable=True, env={"PS1": "remote$ "})
+        await session.detach()
+    assert session.id is not None
+    return session.id
+
+
+def live_sessions(address: str) -> list[dict[str, object]]:
+    listed = subprocess.run(ttyserve_command("sessions", "--live", "--connect", address,
+                                             "--json"), capture_output=True, timeout=20)
+    assert listed.returncode == 0, listed.stderr
+    return [json.loads(line) for line in listed.stdout.splitlines()]
+
+
+def until_detached(address: str, session_id: str, timeout: float = 15) -> dict[str, object]:
+    """Poll `sessions --live` (a closed terminal sends no event we could wait on) until the
+    session has no client; its entry."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (info,) = [i for i in live_sessions(address) if i["session"] == session_id]
+        if not info["attached"] or time.monotonic() > deadline:
+            return info
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("client", ["exec --detachable", "attach"])
+def test_a_closed_terminal_detaches_and_types_nothing(
+        client: str, server_process: ServerProcess, tmux: Tmux, tmp_path: Path) -> None:
+    """contracts.md: a terminal that goes away (tmux's session killed: SIGHUP, then EIO on
+    stdin and stdout) detaches a detachable session, typing no end-of-input into it, and
+    the client says no traceback. The shell is reattached afterwards, still running."""
+    address = server_process.addresses[0]
+    stderr = tmp_path / "client.stderr"
+    if client == "attach":
+        session_id = anyio.run(detached_shell, address)
+        tmux.start("client", command("attach", "--connect", address, session_id)
+                   + f" 2>{stderr}")
+    else:
+        tmux.start("client", command("exec", "--connect", address, "--detachable", "-t",
+                                     "--env", "PS1=remote$ ", "--", "sh") + f" 2>{stderr}")
+        (info,) = live_sessions(address)
+        session_id = str(info["session"])
+    tmux.keys("client", "echo typed-$((6*7))", "Enter")
+    tmux.expect("client", r"\ntyped-42")
+    tmux.kill()  # the terminal goes away
+    info = until_detached(address, session_id)
+    assert (info["attached"], info.get("exit")) == (False, None), info
+    assert "Traceback" not in stderr.read_text(), stderr.read_text()
+    with subprocess.Popen(ttyserve_command("attach", "--connect", address, session_id),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as again:
+        out, _ = again.communicate(b"echo still-$((1+1))\nexit 7\n", timeout=20)
+    assert b"still-2" in out and again.returncode == 7, out
 
 
 def test_attach_exits_as_exec_does(server_process: ServerProcess) -> None:

@@ -6,6 +6,7 @@ TTYSERVE_WARM=0, never through a socket another user serves; gone when idle."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -34,6 +35,7 @@ from helpers import (
 )
 
 from ttyserve.cli.warm import ENDED, GO, MAGIC, STARTED, context, warm_socket_path
+from ttyserve.client import connect
 from ttyserve.exitcodes import ExecExit, ServeExit
 from ttyserve.protocol.frames import FrameKind
 from ttyserve.protocol.messages import Hello, Open
@@ -306,6 +308,37 @@ def test_ctrl_c_to_exec_means_the_same_warm_or_not(
             assert stub.stdout.readline() == b"up\n"
             stub.send_signal(signal.SIGINT)
             assert stub.wait(20) == 128 + signal.SIGINT  # sleep died of it, remotely
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("warm", ["0", "1"])
+async def test_a_killed_exec_leaves_its_detachable_session_detached_warm_or_not(
+        warm: str, server_process: ServerProcess, short_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGKILLed client's connection drops, and a detachable session goes on detached
+    (section 9): the warm server ends the child of a killed `exec` stub as killed too,
+    never by a SIGTERM it would pass on to the remote process."""
+    address = server_process.addresses[0]
+    with start_warm_server(short_dir, monkeypatch) as warm_server:
+        monkeypatch.setenv("TTYSERVE_WARM", warm)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ttyserve", "exec", "--connect", address, "--detachable",
+             "--json", "--", SH, "-c", "echo up; exec sleep 600"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        with process:
+            assert process.stdout is not None
+            session_id = json.loads(process.stdout.readline())["session"]
+            assert json.loads(process.stdout.readline())["event"] == "stdout"  # "up"
+            process.kill()
+        assert process.wait(20) == -signal.SIGKILL
+        assert await wait_until(lambda: not children_of(warm_server.pid), 10)
+        async with connect(address) as conn:
+            while True:  # (no event tells another client of a detach)
+                (info,) = [i for i in await conn.list_sessions() if i.session == session_id]
+                if not info.attached:
+                    break
+                await anyio.sleep(0.05)
+    assert info.exit is None, info  # still running: the client's TERM was not passed on
 
 
 def test_exec_with_a_terminal_on_stdin_is_not_handed_over(

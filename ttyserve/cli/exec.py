@@ -173,10 +173,14 @@ async def _quietly(work: Awaitable[None]) -> None:
         pass
 
 
-async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> None:
-    """Local stdin to the session; its end becomes `eof` (pipe mode or a non-terminal stdin).
-    With ``detach``, typing its sequence detaches the session instead. An observer's keys
-    go nowhere: only the detach key (and Ctrl-C, at a terminal) are looked for, to leave."""
+async def _pump_stdin(session: Session, raw: bool, detach: DetachKey | None,
+                      detachable: bool) -> None:
+    """Local stdin to the session; its end becomes `eof` (a stdin that is not a terminal in
+    raw mode: there Ctrl-D is a byte like any other). With ``detach``, typing its sequence
+    detaches the session instead. A terminal that went away (EIO, or the end of a terminal
+    in raw mode) detaches a ``detachable`` session, typing nothing into it (contracts.md). An
+    observer's keys go nowhere: only the detach key (and Ctrl-C, at a terminal) are looked
+    for, to leave."""
     if session.role == OBSERVER:
         await _watch_stdin(session, detach)
         return
@@ -184,6 +188,7 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
         pollable = not stat.S_ISREG(os.fstat(0).st_mode)
     except OSError:
         return  # no stdin at all
+    at_terminal = os.isatty(0)
     while True:
         if pollable:
             try:
@@ -201,20 +206,26 @@ async def _pump_stdin(session: Session, pty: bool, detach: DetachKey | None) -> 
         except BlockingIOError:
             continue  # a non-blocking stdin we share with someone else: wait again
         except OSError as exc:
+            if detachable:
+                await session.detach()  # our terminal went away: the session goes on
+                return
             say(f"cannot read stdin ({exc.strerror}): sending end-of-input")
             data = b""
-        if await _send_stdin(session, data, pty, detach):
+        if not data and detachable and (raw or (at_terminal and not os.isatty(0))):
+            await session.detach()  # a hang-up, not a Ctrl-D typed at the terminal
+            return
+        if await _send_stdin(session, data, raw, detach):
             return
 
 
-async def _send_stdin(session: Session, data: bytes, pty: bool,
+async def _send_stdin(session: Session, data: bytes, raw: bool,
                       detach: DetachKey | None) -> bool:
     """One read of stdin to the session, or its end (empty) as `eof`; True once the pump is
     done: at that end, or when ``detach`` saw its sequence (the session is detached)."""
     if not data:
         if detach is not None and detach.holding:
             await session.send(detach.release())
-        if not (pty and os.isatty(0)):
+        if not raw:
             await session.eof()
         return True
     if detach is not None:
@@ -271,15 +282,22 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
     async with anyio.create_task_group() as tg:
         tg.start_soon(_quietly, _forward_signals(session, signals, tg, pty, raw,
                                                  detach_on_hangup, aborts))
-        tg.start_soon(_quietly, _pump_stdin(session, pty, detach))
+        tg.start_soon(_quietly, _pump_stdin(session, raw, detach, detach_on_hangup))
         detached: SessionDetached | None = None
+        terminal_gone = False
         try:
             async for chunk in session:
+                if terminal_gone:
+                    continue  # (what came before the server's `detached`: nobody to show)
                 try:
                     out.data(chunk.stream, chunk.data)
-                except BrokenPipeError:
-                    aborts.append(output_closed())
-                    break
+                except OSError:
+                    if not detach_on_hangup:
+                        aborts.append(output_closed())
+                        break
+                    terminal_gone = True  # our output went away (EIO): the session goes on
+                    tg.start_soon(_quietly, session.detach())
+                    continue
                 if modes is not None:
                     modes.feed(chunk.data)
                     restore_modes()

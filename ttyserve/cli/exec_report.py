@@ -121,14 +121,22 @@ def connection_ended(exc: ConnectionLost | RemoteProtocolError, out: Output, ope
 
 
 def say(message: str) -> None:
-    sys.stderr.write(f"ttyserve exec: {message}\n")
-    sys.stderr.flush()
+    _line(f"ttyserve exec: {message}\n")
 
 
 def tell(message: str) -> None:
     """A line of the contract's (contracts.md, persistent sessions), for people."""
-    sys.stderr.write(f"ttyserve: {message}\n")
-    sys.stderr.flush()
+    _line(f"ttyserve: {message}\n")
+
+
+def _line(text: str) -> None:
+    """A line on stderr, if anyone can still read it: a terminal that went away (EIO) or a
+    closed pipe loses the line, never the exit code."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 class Output:

@@ -28,7 +28,8 @@ def raw_mode(fd: int) -> Iterator[None]:
         tty.setraw(fd, termios.TCSANOW)
         yield
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        with contextlib.suppress(termios.error):  # a terminal that went away keeps nothing
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 DEFAULT_DETACH_KEY = "^\\d"  # Ctrl-\ then d, as abduco

@@ -406,7 +406,6 @@ class WarmServer:
 
     def ready(self, key: selectors.SelectorKey) -> None:
         """One readable descriptor: the listener (a stub), the wake-up pipe, or a stub."""
-        import signal
         import socket
 
         if key.fileobj is self.listener:
@@ -418,10 +417,12 @@ class WarmServer:
             except BlockingIOError:
                 pass
         elif isinstance(key.fileobj, socket.socket):
-            # A stub says nothing after its request: readable means it is gone (killed),
-            # and its server ends as a carrier's far side ends when the carrier dies.
+            # A stub says nothing after its request: readable means it is gone (killed). Its
+            # child ends as the stub would have: a far side's server as when its carrier
+            # dies (SIGTERM: its sessions end), an `exec` as a killed client (SIGKILL: its
+            # connection drops, and a detachable session goes on detached).
             self.selector.unregister(key.fileobj)
-            os.kill(key.data, signal.SIGTERM)
+            os.kill(*key.data)
 
     def start(self, stub: socket.socket) -> None:
         """Fork a child running ``stub``'s command, and tell the stub its pid; a caller
@@ -461,7 +462,8 @@ class WarmServer:
             pass
         os.close(go_write)
         self.children[pid] = stub
-        self.selector.register(stub, selectors.EVENT_READ, pid)
+        self.selector.register(stub, selectors.EVENT_READ, (
+            pid, signal.SIGKILL if args[:1] == ["exec"] else signal.SIGTERM))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
 
     def child(self, stub: socket.socket, fds: list[int], go: int, args: list[str],

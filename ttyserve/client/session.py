@@ -176,6 +176,7 @@ class Session:
         self._send, self._receive = anyio.create_memory_object_stream[_Item](
             math.inf if windowed else SESSION_QUEUE)
         self._cancelled = False
+        self._detaching = False  # `detach` was asked: asking again sends nothing
         self._lost: Exception | None = None  # why the connection ended, once it has
         self._credit: anyio.Event | None = None  # made only when stdin has to wait
 
@@ -294,7 +295,9 @@ class Session:
         if self.id is None:
             raise LocalProtocolError("this session is not detachable (spawn it with "
                                      "detachable=True)")
-        if self.status is None and self.detached is None and not self._cancelled:
+        if (self.status is None and self.detached is None and not self._cancelled
+                and not self._detaching):
+            self._detaching = True
             await self._control(Detach())
 
     async def cancel(self) -> None:
