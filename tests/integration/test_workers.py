@@ -176,6 +176,33 @@ async def test_max_sessions_is_the_whole_servers(served: ServerProcess) -> None:
             await session.cancel()
 
 
+async def test_one_idempotency_key_starts_one_session_in_the_whole_server(
+        served: ServerProcess) -> None:
+    """A key has one owner for the whole server: a second open with it on the other worker
+    is refused while the first session is known (a retry never runs the command twice),
+    and the key is free again, on either worker, once that session is forgotten."""
+    address = served.addresses[0]
+    async with on_worker(address, None) as (first, home), \
+            on_worker(address, None, avoid=home) as (second, _):
+        session = await first.spawn(["sleep", "30"], pty=False, detachable=True,
+                                     idempotency_key="job-1")
+        with pytest.raises(RequestError) as refused:
+            await second.spawn(["sleep", "30"], pty=False, detachable=True,
+                               idempotency_key="job-1")
+        assert refused.value.code == "session_in_use"
+        await session.cancel()
+        with anyio.fail_after(10):
+            while True:  # (the cancel's end is written in the background: no event says so)
+                try:
+                    again = await second.spawn(["true"], pty=False, detachable=True,
+                                                 idempotency_key="job-1")
+                    break
+                except RequestError as exc:
+                    assert exc.code == "session_in_use"
+                    await anyio.sleep(0.05)
+        assert again.id != session.id
+
+
 def _ends(journal: Path) -> dict[str, SessionEnd]:
     return {r.id: r for r in read_file(str(journal)).records if isinstance(r, SessionEnd)}
 

@@ -11,6 +11,7 @@ client's identity, so the far worker admits, journals and counts as for the clie
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import hmac
 import mmap
@@ -114,6 +115,7 @@ class Census:
     SESSIONS, CONNECTIONS = 0, 1
 
     def __init__(self, fd: int, workers: int, slot: int) -> None:
+        self._fd = fd
         self._map = mmap.mmap(fd, _census_size(workers))
         self._counts = memoryview(self._map).cast("q")
         self.workers = workers
@@ -136,10 +138,31 @@ class Census:
         return own + sum(self._counts[base + i] for i in range(self.workers)
                          if i != self.slot)
 
+    def claim(self, name: str) -> bool:
+        """Hold ``name`` (a principal's idempotency key) for this worker, server-wide; False
+        when another worker holds it. A record lock on the census at an offset the name's
+        digest gives: one process at a time may hold it, the kernel frees it when that
+        process dies (a crashed worker's keys are free again), and it outlives an upgrade
+        in place (an execve keeps the census open)."""
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _claim_offset(name))
+        except OSError:  # EACCES or EAGAIN: held by another worker
+            return False
+        return True
+
+    def release(self, name: str) -> None:
+        """Let go of ``name`` (its session was forgotten, or its open failed)."""
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, _claim_offset(name))
+
     def forget(self, slot: int) -> None:
         """A worker died: its counts go (the supervisor's)."""
         for kind in (self.SESSIONS, self.CONNECTIONS):
             self._counts[kind * self.workers + slot] = 0
+
+
+def _claim_offset(name: str) -> int:
+    """Where ``name``'s lock is: 62 bits of its digest (a lock may lie past the file's end)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") >> 2
 
 
 class SharedThrottle:

@@ -84,6 +84,11 @@ def _spawn_failed(exc: OSError, peer: str) -> RequestError:
                         errno=exc.errno or errno.EIO)
 
 
+def _key_name(owner: str, key: str) -> str:
+    """An idempotency key as the whole server knows it: its principal's."""
+    return f"{owner}\0{key}"
+
+
 def new_session_id(prefix: str = "") -> str:
     """128 random bits, URL-safe: unguessable, so it can name a session to reattach. An `s`
     first: an id is typed as an argument (`ttyserve attach ID`), and one that began with
@@ -189,6 +194,14 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
         self._check_key(request, owner)
+        try:
+            return await self._open(request, owner, peer, sessions_here)
+        except BaseException:
+            self._unclaim(owner, request.idempotency_key)
+            raise
+
+    async def _open(self, request: Open, owner: str, peer: str,
+                    sessions_here: int) -> ServerSession:
         session_id = self._new_id(request.detachable)
         spec = self._admit_open(request, peer, sessions_here, session_id)
         self._opening += 1  # counted against --max-sessions while it awaits
@@ -233,6 +246,14 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         if same or (owner, key) in self._opening_keys:
             raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
                                f"key exists: {same[0] if same else '(opening)'}")
+        if self.mesh is not None and not self.mesh.census.claim(_key_name(owner, key)):
+            raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
+                               "key exists on another worker")
+
+    def _unclaim(self, owner: str, key: str | None) -> None:
+        """Another open may use ``key`` again: its session was forgotten, or never began."""
+        if key is not None and self.mesh is not None:
+            self.mesh.census.release(_key_name(owner, key))
 
     def open_nowait(self, request: Open, owner: str, peer: str,
                     sessions_here: int) -> ServerSession | None:
@@ -244,12 +265,16 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             return None
         self._check_key(request, owner)
         session_id = self._new_id(request.detachable)
-        spec = self._admit_open(request, peer, sessions_here, session_id)
         try:
-            process = spawn_nowait(spec)
-        except OSError as exc:
-            self.count()
-            raise _spawn_failed(exc, peer) from exc
+            spec = self._admit_open(request, peer, sessions_here, session_id)
+            try:
+                process = spawn_nowait(spec)
+            except OSError as exc:
+                self.count()
+                raise _spawn_failed(exc, peer) from exc
+        except RequestError:
+            self._unclaim(owner, request.idempotency_key)
+            raise
         session = self._session(session_id, process, spec, owner, peer, request.detachable,
                                 request.detached_timeout)
         session.key = request.idempotency_key
@@ -411,6 +436,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         session.life.step(Event.FORGOTTEN)
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            self._unclaim(session.owner, session.key)
             self.count()
             for grant in self.grants.of_session(session.id):  # a grant ends with its session
                 self.grants.remove(grant)
