@@ -51,6 +51,7 @@ STDIN_LIMIT = 1 << 20  # stdin queued for a process that does not read, without 
 OUTBOX_LIMIT = 1 << 20  # bytes queued for a connection before its producers wait
 REDRAW_INTERVAL = 1.0  # seconds: observers attaching make a program redraw once so at most
 SOON_BYTES = 64 * 1024  # an observer's output framed and held until the loop's turn ends
+TERM_GRACE = 5.0  # seconds `exec` waits for the session to end after forwarding a SIGTERM
 KILL_GRACE = 1.0  # seconds between a session's hang-up (SIGHUP) and SIGKILL when it is ended
 BUSY_RETRY_MS = 1000  # the hint sent with `busy` and `shutting_down`
 UPGRADE_RETRY_MS = 250  # the hint sent with `server_restarting`: the new code starts by then

@@ -21,6 +21,7 @@ from helpers import (
     wait_for_line,
 )
 
+from ttyserve.defaults import TERM_GRACE
 from ttyserve.exitcodes import ExecExit
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
@@ -164,3 +165,45 @@ def test_sigint_while_retrying_stops_at_once_and_starts_nothing(short_dir: Path)
     assert client.returncode == ExecExit.INTERRUPTED
     assert time.monotonic() - started < 3
     assert b"nothing was started" in err
+
+
+@pytest.mark.parametrize("mode", ["-t", "-T"])
+@pytest.mark.parametrize("second", [False, True], ids=["grace", "second SIGTERM"])
+def test_a_scripts_timeout_never_wedges_on_a_remote_that_ignores_sigterm(
+        server_process: ServerProcess, mode: str, second: bool) -> None:
+    """contracts.md: SIGTERM is forwarded; a session not ended TERM_GRACE seconds later, or
+    at a second SIGTERM, is cancelled, and `exec` exits 143 (as `timeout` around ssh does
+    not: it waits for the remote forever)."""
+    client = subprocess.Popen(
+        ttyserve_command("exec", "--connect", server_process.addresses[0], mode, "--", SH,
+                         "-c", "trap 'echo got-term' TERM; echo up; while :; do sleep 1; done"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with client:
+        assert client.stdout is not None and client.stdout.readline().strip() == b"up"
+        started = time.monotonic()
+        client.send_signal(signal.SIGTERM)
+        while (line := client.stdout.readline()).strip() != b"got-term":  # forwarded, and
+            assert line, "the client ended before the remote said it got SIGTERM"  # survived
+        if second:
+            client.send_signal(signal.SIGTERM)
+        code = client.wait(TERM_GRACE + 10)
+        elapsed = time.monotonic() - started
+        assert client.stderr is not None
+        said = client.stderr.read().decode()
+    assert code == ExecExit.SIGNAL_BASE + signal.SIGTERM, said
+    assert "cancelled" in said
+    if second:
+        assert elapsed < TERM_GRACE / 2 + 1, elapsed
+    else:
+        assert TERM_GRACE * 0.9 <= elapsed < TERM_GRACE + 5, elapsed
+    assert wait_until_no_sessions(server_process)
+
+
+def wait_until_no_sessions(server: ServerProcess) -> bool:
+    """The cancelled session's process is gone (its end is the server's to finish)."""
+    deadline = time.monotonic() + 10
+    while server.session_children():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

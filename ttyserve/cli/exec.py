@@ -24,7 +24,7 @@ from ..client.connection import Connection
 from ..client.retry import RETRIED
 from ..client.session import Lost, ResumeEvent, Session
 from ..credentials import tls_context
-from ..defaults import GOODBYE_WAIT, STDIN_READ
+from ..defaults import GOODBYE_WAIT, STDIN_READ, TERM_GRACE
 from ..errors import (
     ConfigError,
     ConnectionLost,
@@ -58,6 +58,7 @@ from .exec_report import (
     second_interrupt,
     stopped_before_start,
     tell,
+    terminated,
 )
 from .terminal import DetachKey
 
@@ -329,8 +330,16 @@ async def _forward_signals(session: Session, signals: AsyncIterator[int],
                            tg: anyio.abc.TaskGroup, pty: bool, raw: bool,
                            detach_on_hangup: bool, aborts: list[ExecFailure]) -> None:
     """Each signal is told in a task of its own: one that waits (for a resume, say) never
-    keeps the next from being seen, a second SIGINT above all (added to ``aborts``)."""
-    interrupted = False
+    keeps the next from being seen, a second SIGINT above all (added to ``aborts``). A
+    SIGTERM forwarded is given TERM_GRACE seconds; then, or at a second one, the session is
+    cancelled."""
+    interrupted = terminating = False
+
+    async def cancel_after_grace() -> None:
+        await anyio.sleep(TERM_GRACE)
+        aborts.append(terminated())
+        tg.cancel_scope.cancel()
+
     async for signum in signals:
         if session.role == OBSERVER:  # it changes nothing there: a signal to stop leaves
             if signum != signal.SIGWINCH:
@@ -342,10 +351,16 @@ async def _forward_signals(session: Session, signals: AsyncIterator[int],
         elif signum == signal.SIGINT and interrupted:
             aborts.append(second_interrupt())
             tg.cancel_scope.cancel()
+        elif signum == signal.SIGTERM and terminating:
+            aborts.append(terminated())
+            tg.cancel_scope.cancel()
         elif signum == signal.SIGHUP and detach_on_hangup:
             tg.start_soon(_quietly, session.detach())  # our terminal went away
         else:
             interrupted = interrupted or signum == signal.SIGINT
+            if signum == signal.SIGTERM:
+                terminating = True
+                tg.start_soon(cancel_after_grace)
             tg.start_soon(_quietly, session.signal(FORWARDED[signal.Signals(signum)]))
 
 

@@ -17,7 +17,7 @@ import time
 from types import FrameType
 
 from ..client.retry import RETRIED
-from ..defaults import CLIENT_NAME, CLIENT_RECEIVE, OUTBOX_LIMIT, STDIN_READ
+from ..defaults import CLIENT_NAME, CLIENT_RECEIVE, OUTBOX_LIMIT, STDIN_READ, TERM_GRACE
 from ..errors import ConnectionLost, RemoteProtocolError
 from ..exitcodes import exec_exit_code
 from ..protocol.client import (
@@ -50,6 +50,7 @@ from .exec_report import (
     say,
     second_interrupt,
     stopped_before_start,
+    terminated,
 )
 from .terminal import window_size
 
@@ -215,6 +216,7 @@ def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool)
     core, sock = session.core, session.sock
     stdin_polled = False
     interrupted = False
+    cancel_at: float | None = None  # a SIGTERM was forwarded: cancelled then (TERM_GRACE)
     poll = select.poll()
     poll.register(signals.read_fd, select.POLLIN)
     _act(session, out)  # what came with `opened` (all of it, for a short command)
@@ -228,12 +230,23 @@ def _stream(session: _Session, signals: _Signals, out: Output, stdin_open: bool)
             else:
                 poll.unregister(0)
             stdin_polled = reading_stdin
-        ready = dict(poll.poll())
+        wait = None if cancel_at is None else max(cancel_at - time.monotonic(), 0)
+        ready = dict(poll.poll(None if wait is None else wait * 1000))
+        if cancel_at is not None and time.monotonic() >= cancel_at:
+            session.outgoing += core.cancel(CHANNEL)
+            session.send_now()
+            raise terminated()
         for signum in signals.received():
             if signum == signal.SIGINT and interrupted:
                 session.outgoing += core.cancel(CHANNEL)
                 session.send_now()
                 raise second_interrupt()
+            if signum == signal.SIGTERM and cancel_at is not None:
+                session.outgoing += core.cancel(CHANNEL)
+                session.send_now()
+                raise terminated()
+            if signum == signal.SIGTERM:
+                cancel_at = time.monotonic() + TERM_GRACE
             interrupted = interrupted or signum == signal.SIGINT
             name = FORWARDED[signal.Signals(signum)]
             session.outgoing += core.control(CHANNEL, Signal(name=name))

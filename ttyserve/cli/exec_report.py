@@ -94,6 +94,14 @@ def second_interrupt() -> ExecFailure:
     return ExecFailure(ExecExit.INTERRUPTED, "interrupted: the session was cancelled")
 
 
+def terminated() -> ExecFailure:
+    """A forwarded SIGTERM the session did not end by within TERM_GRACE, or a second one: it
+    is cancelled (contracts.md: exit 143), so a script's `timeout` never wedges on a remote
+    process that ignores SIGTERM."""
+    return ExecFailure(ExecExit.SIGNAL_BASE + signal.SIGTERM,
+                       "terminated: the session was cancelled")
+
+
 def stopped_before_start(signum: int, out: Output) -> int:
     """A signal to stop came before the command started: say so; the exit code."""
     message = f"{signal.Signals(signum).name} before the command started: nothing was started"
