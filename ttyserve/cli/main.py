@@ -1,5 +1,5 @@
-"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share` and `unshare`. The
-only place that calls sys.exit."""
+"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share`, `unshare` and
+`kill`. The only place that calls sys.exit."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from .terminal import DEFAULT_DETACH_KEY, parse_key
 DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients
 (serve), run a command on such a server as if it ran here (exec), reattach to a
-session that outlived its client (attach), list sessions (sessions), or let
-someone watch one (share, unshare).
+session that outlived its client (attach), list sessions (sessions), let
+someone watch one (share, unshare), or end one (kill).
 `ttyserve COMMAND --help` for details."""
 
 
@@ -152,6 +152,19 @@ def build_parser(command: str | None = None) -> _Parser:
     share.add_argument("--json", action="store_true",
                        help="the grant as one JSON object (with its id, role, expiry)")
     share.add_argument("session", metavar="ID", help="the session's id")
+    kill = commands.add_parser(
+        "kill", help="end one of your sessions, attached or not (or send it a signal)",
+        description="Cancel a session (its process tree is hung up, killed after a second and "
+                    "reaped; the journal says cancelled), or with --signal send its process "
+                    "that signal: the session then ends as its process does. A client "
+                    "attached to it is detached (\"another client took the session over\"). "
+                    "Exit 0, or 255 with a line (an unknown id: no_such_session).")
+    kill.usage_exit = ExecExit.FAILURE
+    _connect_arguments(kill)
+    kill.add_argument("--signal", type=_signal_name, metavar="NAME",
+                      help="send this signal instead of cancelling (INT, TERM, KILL, HUP, ...: "
+                           "a name without SIG)")
+    kill.add_argument("session", metavar="ID", help="the session's id")
     unshare = commands.add_parser("unshare", help="revoke a grant: its viewers are detached")
     unshare.usage_exit = ExecExit.FAILURE
     _connect_arguments(unshare)
@@ -182,6 +195,15 @@ def _connect_arguments(parser: argparse.ArgumentParser) -> None:
                              "$TTYSERVE_TOKEN)")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="CA certificates that sign the server's (default: the system's)")
+
+
+def _signal_name(text: str) -> str:
+    from .kill import SIGNALS
+
+    name = text.upper().removeprefix("SIG")
+    if name not in SIGNALS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
+    return name
 
 
 def _duration(text: str) -> int:
@@ -367,6 +389,15 @@ def _unshare(args: argparse.Namespace) -> int:
     return unshare_main(reached[0], reached[1], args.tls_ca, args.grant)
 
 
+def _kill(args: argparse.Namespace) -> int:
+    from .kill import kill_main
+
+    reached = _connection(args, "kill")
+    if reached is None:
+        return ExecExit.FAILURE
+    return kill_main(reached[0], reached[1], args.tls_ca, args.session, args.signal)
+
+
 def _sessions(args: argparse.Namespace) -> int:
     from .sessions import live_main, sessions_main
 
@@ -399,8 +430,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
     handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions,
-                "share": _share, "unshare": _unshare}
+                "share": _share, "unshare": _unshare, "kill": _kill}
     sys.exit(handlers[args.subcommand](args))
 
 
-COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare")
+COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare", "kill")
