@@ -167,6 +167,9 @@ async def open_browser(width: int = 900, height: int = 600) -> AsyncIterator[Bro
     argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
             "--no-first-run", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--disable-extensions", "--mute-audio",
+            # A page left is closed, its WebSocket with it, as a closed tab's: never kept
+            # alive, silent, in the back/forward cache.
+            "--disable-features=BackForwardCache",
             f"--user-data-dir={profile}", "--remote-debugging-pipe",
             f"--window-size={width},{height}", "about:blank"]
 

@@ -27,20 +27,23 @@ from helpers import (
     wait_until,
 )
 
+from ttyserve.client import connect
+
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120), pytest.mark.usefixtures("workers")]
 CTRL = 2  # the DevTools modifier bit
 
 
 @contextlib.asynccontextmanager
 async def page(short_dir: Path, *args: str, width: int = 900, height: int = 600,
-               expected_errors: str | None = None,
+               expected_errors: str | None = None, fragment: str = "",
                ) -> AsyncIterator[tuple[Browser, ServerProcess]]:
-    """A server with a `ws:` listener, and a browser on its page (the printed URL)."""
+    """A server with a `ws:` listener, and a browser on its page (the printed URL, with
+    ``fragment`` after it)."""
     server = start_server(short_dir, "--command", SH, *args, listen=["ws:127.0.0.1:0"],
                           expect_browse=1, env={"PS1": "$ "})
     try:
         async with open_browser(width, height) as browser:
-            await browser.navigate(server.browse[0])
+            await browser.navigate(server.browse[0] + fragment)
             await browser.wait_for("document.body.dataset.session === 'running'")
             # Keys typed before the shell's first prompt are echoed by the terminal before it,
             # and the command's output then follows the prompt on its line.
@@ -184,6 +187,30 @@ async def test_a_killed_server_shows_connection_lost_once_reattaching_fails(
         await browser.wait_for("document.title.endsWith('reconnecting')", timeout=5)
         await browser.wait_for("document.body.dataset.session === 'lost'", timeout=20)
         await screen_has(browser, r"\[connection lost\]")
+
+
+@pytest.mark.parametrize("keep", ["", "&keep=1"], ids=["default", "keep=1"])
+async def test_a_closed_tab_keeps_its_shell_15_minutes_or_as_keep_says(
+        short_dir: Path, keep: str) -> None:
+    """Section 8: the page's session is kept 900 s without its tab, or #keep=SECONDS (up to
+    the server's limit: this one's is 600, under the page's 900, which it then asks for)."""
+    async with page(short_dir, "--detached-timeout", "600", fragment=keep) as (
+            browser, server):
+        await run_line(browser, "echo pid=$$")
+        text = await screen_has(browser, r"(?m)^pid=(\d+)$")
+        shell = int(re.search(r"(?m)^pid=(\d+)$", text).group(1))  # type: ignore[union-attr]
+        await browser.navigate("about:blank")  # the tab closes its session's connection
+        token = server.browse[0].split("#token=", 1)[1]
+        async with connect(server.addresses[0], token=token, multiplex=True) as conn:
+            while any(s.attached for s in await conn.list_sessions()):
+                await anyio.sleep(0.05)  # (no event tells another client of a detach)
+        if keep:  # hung up a second after it was left
+            assert await wait_until(lambda: not os.path.exists(f"/proc/{shell}"), 10)
+        else:  # (600 s to go: still there once a keep of 1 s would have ended it)
+            await anyio.sleep(3)
+            assert os.path.exists(f"/proc/{shell}")
+        await browser.navigate(server.browse[0])  # (page()'s checks read its resources)
+        await browser.wait_for("document.body.dataset.session === 'running'")
 
 
 async def test_a_reload_keeps_the_same_shell_and_shows_its_scrollback(short_dir: Path) -> None:

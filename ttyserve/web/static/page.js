@@ -20,6 +20,7 @@ const RETRIES = [250, 500, 1000, 2000, 4000]; // ms before each reattach try
 const STORED = "ttyserve.session"; // sessionStorage: this tab's session, across reloads
 const HEARTBEAT = 5; // seconds: a silent link is given up after three
 const KEY_QUEUE = 64 * 1024; // bytes of keys kept while no session takes them
+const KEEP = 900; // seconds a closed tab's shell is kept for a reload (section 8; #keep=)
 const encoder = new TextEncoder();
 const body = document.body;
 
@@ -35,6 +36,10 @@ const fragment = new URLSearchParams(location.hash.slice(1));
 const token = fragment.get("token") ?? undefined;
 const grant = fragment.get("grant") ?? undefined;
 const granted = grant ? fragment.get("session") : null; // the one session a grant may attach
+// How long the session outlives a closed tab: #keep=SECONDS, up to the server's own limit
+// (asked for more, it refuses, and the page asks for that limit: no detached_timeout).
+let keep = /^[1-9][0-9]{0,9}$/.test(fragment.get("keep") ?? "") ? Number(fragment.get("keep"))
+  : KEEP;
 const scheme = location.protocol === "https:" ? "wss:" : "ws:";
 const url = `${scheme}//${location.host}/ws`;
 let command = "ttyserve";
@@ -121,7 +126,8 @@ function begin(connection, stored, resolve) {
   const steal = role === "writer" && (!grant || Boolean(offsets));
   const current = stored
     ? connection.attach(stored, { ...size, steal, offsets, role })
-    : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true });
+    : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true,
+      detachedTimeout: keep });
   window.ttyserve.session = current;
   const started = (event) => {
     session = current;
@@ -167,7 +173,11 @@ function begin(connection, stored, resolve) {
     resolve("exit");
   });
   current.addEventListener("refused", (event) => {
-    if (stored && event.detail.code === "no_such_session") {
+    if (!stored && keep && event.detail.code === "bad_request"
+        && event.detail.message.includes("detached_timeout")) {
+      keep = undefined; // over the server's limit: the limit it is
+      resolve("gone");
+    } else if (stored && event.detail.code === "no_such_session") {
       if (!grant) sessionStorage.removeItem(STORED);
       resolve("gone");
     } else if (event.detail.retriable) {
@@ -209,6 +219,7 @@ async function run() {
   show("connecting");
   let ended = await connect(ours());
   if (ended === "gone" && !grant) ended = await connect(null); // it ended, or expired: anew
+  if (ended === "gone" && !grant && !ours()) ended = await connect(null); // (its keep refused)
   for (let tries = 0; ended.startsWith("lost") && ours(); tries++) {
     if (ended === "lost-after") tries = 0; // it had come back: a new drop, new tries
     if (tries >= RETRIES.length) break;

@@ -101,8 +101,11 @@ export class Connection extends EventTarget {
   }
 
   /** Open a session (pipelined: no need to wait for `welcome`). A `detachable` one
-   * outlives the connection: its "opened" event carries the id to `attach` with. */
-  open({ argv, pty = true, rows, cols, term, env, cwd, detachable = false } = {}) {
+   * outlives the connection: its "opened" event carries the id to `attach` with, and
+   * `detachedTimeout` (seconds, up to the server's --detached-timeout) is how long it is kept
+   * without a client. */
+  open({ argv, pty = true, rows, cols, term, env, cwd, detachable = false,
+         detachedTimeout } = {}) {
     const request = { type: "open", pty };
     if (argv) request.argv = argv;
     if (rows) request.rows = rows;
@@ -111,6 +114,7 @@ export class Connection extends EventTarget {
     if (env) request.env = env;
     if (cwd) request.cwd = cwd;
     if (detachable) request.detachable = true;
+    if (detachable && detachedTimeout) request.detached_timeout = detachedTimeout;
     return this._begin(request);
   }
 
