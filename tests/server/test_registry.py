@@ -14,10 +14,11 @@ from backends.memory import open_memory_backend
 from server.fakes import Wire, controls, exited, make_session
 
 from ttyserve.errors import ErrorCode, RequestError
+from ttyserve.ids import new_session_id
 from ttyserve.protocol.messages import Attach, Exit, Open
 from ttyserve.server.channels.attachment import Attachment
 from ttyserve.server.journal import Journal, Reason, SessionStart, read_file
-from ttyserve.server.registry.registry import SessionRegistry, new_session_id
+from ttyserve.server.registry.registry import SessionRegistry
 from ttyserve.server.sessions.life import Phase
 from ttyserve.server.sessions.session import ServerSession
 from ttyserve.server.settings import ServerSettings

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ttyserve"
 
 # Bottom first; a module may import its own layer and those below it, never one above.
 LAYERS = [
-    {"version", "errors", "defaults", "runtime", "lines", "addresses", "credentials"},
+    {"version", "errors", "defaults", "runtime", "lines", "addresses", "credentials", "ids"},
     {"protocol"},
     {"exitcodes"},
     {"transport"},

@@ -28,6 +28,7 @@ from ..errors import (
     SessionDetached,
     TtyserveError,
 )
+from ..ids import GRANT_PATTERN
 from ..protocol.messages import (
     HTTP,
     OBSERVER,
@@ -65,7 +66,6 @@ HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
 HANDBACK_POLL = (0.005, 0.1)  # seconds between its attempts: the first, the most
 CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session to be gone from `list`
 HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
-_GRANT = re.compile(r"g(\d+\.)?[A-Za-z0-9_-]{43}")  # as grants.py makes them
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
 JSON = "application/json"
 
@@ -304,7 +304,7 @@ def _hello(exchange: Exchange) -> Hello:
             raise ApiError(401, ErrorCode.UNAUTHORIZED,
                            "Authorization must be 'Bearer TOKEN' or 'Bearer GRANT'")
         credential = credential.strip()
-    grant = credential is not None and _GRANT.fullmatch(credential) is not None
+    grant = credential is not None and GRANT_PATTERN.fullmatch(credential) is not None
     return Hello(protocol=PROTOCOL_VERSION, client=f"http {CLIENT_NAME}", multiplex=True,
                  window=DEFAULT_STDIN_WINDOW, token=None if grant else credential,
                  grant=credential if grant else None)

@@ -12,16 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..ids import new_grant
 from ..protocol.messages import GrantInfo, GrantScope, Role
 from .journal import rfc3339
-
-GRANT_BYTES = 32  # random bytes in a grant: 256 bits (the contract asks for at least 128)
-_PREFIX = "g"  # grants begin with a letter: typed as an argument, never read as an option
 
 
 def public_id(grant: str) -> str:
@@ -61,7 +58,7 @@ class Grants:
 
     def __init__(self, prefix: str = "") -> None:
         self._by_id: dict[str, Grant] = {}
-        self._prefix = _PREFIX + prefix  # with workers: the worker's slot (mesh.py)
+        self._prefix = prefix  # with workers: the worker's slot (ids.slot_prefix)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -72,7 +69,7 @@ class Grants:
     def make(self, session: str, role: Role, ttl: float, owner: str) -> tuple[str, Grant]:
         """A new grant for ``session``: the secret (handed out once, never kept) and its
         record."""
-        secret = self._prefix + secrets.token_urlsafe(GRANT_BYTES)
+        secret = new_grant(self._prefix)
         grant = Grant(id=public_id(secret), digest=_digest(secret), session=session, role=role,
                       owner=owner, expires=time.time() + ttl)
         self._by_id[grant.id] = grant

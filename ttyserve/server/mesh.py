@@ -22,6 +22,7 @@ import time
 
 import msgspec
 
+from ..ids import slot_of, slot_prefix
 from .auth import WINDOW, Peer, delay_after
 from .handover import ListenerState
 
@@ -210,18 +211,14 @@ class Mesh:
 
     @property
     def prefix(self) -> str:
-        return f"{self.slot}."
+        return slot_prefix(self.slot)
 
     def link_path(self, slot: int) -> str:
         return os.path.join(self.link_dir, f"w{slot}.sock")
 
     def owner(self, name: str) -> int | None:
         """The slot a session id or grant names (`s2.…`, `g2.…`), None when it names none."""
-        head, dot, _ = name[1:].partition(".")
-        if not dot or not head.isdigit() or name[:1] not in ("s", "g"):
-            return None
-        slot = int(head)
-        return slot if slot < self.workers else None
+        return slot_of(name, self.workers)
 
     def elsewhere(self, name: str) -> int | None:
         """The slot of another worker that ``name`` names; None for this one's or none."""

@@ -25,6 +25,7 @@ from ..sessions.adoption import adopted_session, session_state
 from ..sessions.recording import Recording
 from ..sessions.session import ServerSession
 from ..settings import ServerSettings
+from .idempotency import IdempotencyKeys
 
 log = logging.getLogger("ttyserve")
 
@@ -38,6 +39,7 @@ class HandingOver:
     journal: Journal | None
     sessions: dict[str, ServerSession]
     grants: Grants
+    keys: IdempotencyKeys
     _opening: int
     _noting: int
     _running: int
@@ -76,7 +78,7 @@ class HandingOver:
         state can be handed over."""
         return (not self._opening and not self._noting
                 and (self.journal is None or self.journal.idle)
-                and not any(s.in_transition or any(isinstance(o, Recording) and o.writing
+                and not any(s.life.in_transition or any(isinstance(o, Recording) and o.writing
                                                    for o in s.taps)
                             for s in self.sessions.values()))
 
@@ -152,6 +154,7 @@ class HandingOver:
                 session.taps.append(recording)
                 self._task_group.start_soon(recording.run)
             self.sessions[session.id] = session
+            self.keys.opened(session.owner, session.key, session.id)  # (its claim kept)
             if state.process is not None:
                 self.start(session)
         self.count()

@@ -12,10 +12,8 @@ their ends leave (session_ends.py), grants (sharing.py), and an upgrade in place
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import math
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +24,7 @@ import anyio.abc
 from ...backends.base import Backend, ProcessHandle, ProcessSpec, SpawnsAtOnce
 from ...defaults import BUSY_RETRY_MS, KILL_GRACE, UPGRADE_RETRY_MS
 from ...errors import ErrorCode, RequestError
+from ...ids import SESSION, JournalIds, new_session_id
 from ...protocol.frames import FrameKind
 from ...protocol.messages import (
     HTTP,
@@ -55,6 +54,7 @@ from ..sessions.typing_first import Typing
 from ..settings import ServerSettings
 from ..tasks import Tasks, open_tasks
 from .handing_over import HandingOver
+from .idempotency import IdempotencyKeys
 from .session_ends import SessionEnds
 from .sharing import Sharing
 
@@ -84,31 +84,6 @@ def _spawn_failed(exc: OSError, peer: str) -> RequestError:
                         errno=exc.errno or errno.EIO)
 
 
-def _key_name(owner: str, key: str) -> str:
-    """An idempotency key as the whole server knows it: its principal's."""
-    return f"{owner}\0{key}"
-
-
-def new_session_id(prefix: str = "") -> str:
-    """128 random bits, URL-safe: unguessable, so it can name a session to reattach. An `s`
-    first: an id is typed as an argument (`ttyserve attach ID`), and one that began with
-    `-` (one in 64 of them) would read as an option. With workers, the worker's slot
-    follows (``prefix``, `2.`): any worker routes the id to its session."""
-    return "s" + prefix + secrets.token_urlsafe(16)
-
-
-class JournalIds:
-    """Ids for sessions no client can name (not detachable): unique, not secret, so cheap:
-    this server's random prefix and a count (the journal outlives the server)."""
-
-    def __init__(self, prefix: str = "") -> None:
-        self._prefix = prefix + secrets.token_urlsafe(9) + "."
-        self._count = itertools.count(1)
-
-    def __call__(self) -> str:
-        return f"{self._prefix}{next(self._count)}"
-
-
 class SessionRegistry(SessionEnds, Sharing, HandingOver):
     """Every live session of one server, by id."""
 
@@ -131,14 +106,14 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self._killing = False  # ...and its kill grace is over: what still runs is killed
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self._opening = 0  # admitted opens that await their spawn or start record
-        self._opening_keys: set[tuple[str, str]] = set()  # their owners' idempotency keys
+        self.keys = IdempotencyKeys(mesh.census if mesh is not None else None)  # section 13
         self._noting = 0  # detach and attach records not written yet
         self._running = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._tasks: Tasks | None = None  # sessions and their input pumps run here
         self._emptied: anyio.Event | None = None
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
-        self._journal_id = JournalIds("s" + self._id_prefix if mesh is not None else "")
+        self._journal_id = JournalIds(SESSION + self._id_prefix if mesh is not None else "")
         self._kill_leftovers = settings.leftovers == "kill"
         self._default_argv = settings.default_argv  # each read of these makes them anew
         self._policy = settings.policy
@@ -193,11 +168,11 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         """Admit and spawn a session, its start record on disk before it is returned (so
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
-        self._check_key(request, owner)
+        self.keys.take(owner, request.idempotency_key, request.detachable)
         try:
             return await self._open(request, owner, peer, sessions_here)
         except BaseException:
-            self._unclaim(owner, request.idempotency_key)
+            self.keys.release(owner, request.idempotency_key)
             raise
 
     async def _open(self, request: Open, owner: str, peer: str,
@@ -206,9 +181,6 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         spec = self._admit_open(request, peer, sessions_here, session_id)
         self._opening += 1  # counted against --max-sessions while it awaits
         self.count()
-        keyed = (owner, request.idempotency_key) if request.idempotency_key else None
-        if keyed is not None:
-            self._opening_keys.add(keyed)
         try:
             try:
                 process = await self.backend.spawn(spec)
@@ -229,31 +201,8 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                                      process.cgroup_path)))
         finally:
             self._opening -= 1
-            if keyed is not None:
-                self._opening_keys.discard(keyed)
             self.count()
         return self._admitted(session)
-
-    def _check_key(self, request: Open, owner: str) -> None:
-        """Section 13's Idempotency-Key: session_in_use, naming the session, when one of
-        ``owner``'s known sessions here (or one opening) has the key."""
-        key = request.idempotency_key
-        if key is None:
-            return
-        if not request.detachable:
-            raise RequestError(ErrorCode.BAD_REQUEST, "idempotency_key needs detachable: true")
-        same = [s.id for s in self.sessions.values() if s.key == key and s.owner == owner]
-        if same or (owner, key) in self._opening_keys:
-            raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
-                               f"key exists: {same[0] if same else '(opening)'}")
-        if self.mesh is not None and not self.mesh.census.claim(_key_name(owner, key)):
-            raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
-                               "key exists on another worker")
-
-    def _unclaim(self, owner: str, key: str | None) -> None:
-        """Another open may use ``key`` again: its session was forgotten, or never began."""
-        if key is not None and self.mesh is not None:
-            self.mesh.census.release(_key_name(owner, key))
 
     def open_nowait(self, request: Open, owner: str, peer: str,
                     sessions_here: int) -> ServerSession | None:
@@ -263,7 +212,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         spawn_nowait = self._spawn_nowait
         if self.journal is not None or spawn_nowait is None:
             return None
-        self._check_key(request, owner)
+        self.keys.take(owner, request.idempotency_key, request.detachable)
         session_id = self._new_id(request.detachable)
         try:
             spec = self._admit_open(request, peer, sessions_here, session_id)
@@ -273,7 +222,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                 self.count()
                 raise _spawn_failed(exc, peer) from exc
         except RequestError:
-            self._unclaim(owner, request.idempotency_key)
+            self.keys.release(owner, request.idempotency_key)
             raise
         session = self._session(session_id, process, spec, owner, peer, request.detachable,
                                 request.detached_timeout)
@@ -343,6 +292,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             start_recording(session, settings.record, settings.record_input,
                             self._task_group)
         self.sessions[session.id] = session
+        self.keys.opened(session.owner, session.key, session.id)
         self.count()
         if self.closing:  # the shutdown began while it was spawned: hung up as the others
             session.hang_up()
@@ -436,7 +386,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         session.life.step(Event.FORGOTTEN)
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
-            self._unclaim(session.owner, session.key)
+            self.keys.release(session.owner, session.key)
             self.count()
             for grant in self.grants.of_session(session.id):  # a grant ends with its session
                 self.grants.remove(grant)

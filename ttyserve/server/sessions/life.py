@@ -123,6 +123,13 @@ class Life:
         return self.phase is Phase.ENDING
 
     @property
+    def in_transition(self) -> bool:
+        """Whether it is being ended, or is over but not yet let go (its end record, its
+        leftovers): an upgrade waits for that to finish."""
+        return not self.over and (self.reason is not None or self.phase not in (
+            Phase.RUNNING, Phase.QUIET, Phase.DRAINING))
+
+    @property
     def exit_ready(self) -> bool:
         """Whether its exit waits to go to a writer (EXITED)."""
         return self.phase is Phase.EXITED

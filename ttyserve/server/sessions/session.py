@@ -338,14 +338,6 @@ class ServerSession:
         self.process.release()
         self.released = True
 
-    @property
-    def in_transition(self) -> bool:
-        """Whether it is being ended, or is over but not yet let go (its end record, its
-        leftovers): an upgrade waits for that to finish."""
-        life = self.life
-        return not life.over and (life.reason is not None or life.phase not in (
-            Phase.RUNNING, Phase.QUIET, Phase.DRAINING))
-
     async def _run(self) -> Exit:
         if self._exit_watch is not None:
             self._exit_watch.stop()  # this task waits for the exit instead
