@@ -165,7 +165,8 @@ def test_a_bad_list_item_names_its_key(tmp_path: Path, source: str) -> None:
         config.load(parse("--config", str(file), "--linger", "1", *flags),
                     {"TTYSERVE_MAX_SESSIONS": "8", **environ})
     name = {"file": "allow_uid", "environment": "TTYSERVE_ALLOW_UID", "flag": "--allow-uid"}
-    assert str(caught.value).startswith(f"{source}: {name[source]}: ")
+    said = {"file": f"config file {file}"}.get(source, source)  # a file's error names it
+    assert str(caught.value).startswith(f"{said}: {name[source]}: ")
     assert (type(caught.value) is UsageError) == (source == "flag")
 
 
@@ -173,7 +174,7 @@ def test_each_source_is_checked_with_its_own_rules(tmp_path: Path) -> None:
     """Text from the environment and flags is converted; a file's values must be typed."""
     file = tmp_path / "c.toml"
     file.write_text('max_sessions = "8"\n')
-    with pytest.raises(ConfigError, match=r"^file: max_sessions: "):
+    with pytest.raises(ConfigError, match=rf"^config file {file}: max_sessions: "):
         config.load(parse("--config", str(file)), {})
     loaded = config.load(parse("--max-frame", "65536"),
                          {"TTYSERVE_MAX_SESSIONS": "8", "TTYSERVE_LINGER": "0.5"})

@@ -4,6 +4,7 @@ the real `ttyserve serve` and real cgroups."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -157,6 +158,31 @@ async def test_the_next_start_kills_and_removes_what_a_killed_server_left(
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     del pid
+
+
+async def test_what_a_server_without_journal_left_is_named_with_how_to_end_it(
+        short_dir: Path, cgroup_base: str) -> None:
+    """With no journal to say which sessions were its, the next start leaves a killed
+    server's session cgroups as they are, and says which they are and how to end them: the
+    command it gives works."""
+    args = (f"--cgroup={cgroup_base}",)
+    server = start_server(short_dir, *args)
+    pid, cgroup = await session_cgroup(server.addresses[0], [SH, "-c", "exec sleep 1000"])
+    server.stop(signal.SIGKILL)
+    try:
+        again = start_server(short_dir, *args)
+        try:
+            said = again.stderr_tail()
+            assert alive(pid) and "still hold processes" in said, said
+            advice = re.search(r"to end them: (for d in .*; done)", said)
+            assert advice is not None and os.path.dirname(cgroup) in advice.group(1), said
+            subprocess.run(["sh", "-c", advice.group(1)], check=True, timeout=10)
+            assert await wait_until(lambda: not alive(pid), 5)
+        finally:
+            assert again.stop() == ServeExit.OK
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def test_auto_without_cgroup_v2_says_so_once_and_serves(short_dir: Path) -> None:

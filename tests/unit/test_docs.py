@@ -45,3 +45,13 @@ def test_exec_exit_codes_table_matches_the_code() -> None:
     documented = {row[0] for row in table_rows(execs, r"[\d.+S]+")}
     fixed = {str(int(c)) for c in ExecExit if c is not ExecExit.SIGNAL_BASE}
     assert documented == fixed | {"0..125", f"{int(ExecExit.SIGNAL_BASE)}+S"}
+
+
+def test_the_docs_cite_no_file_the_repository_lacks() -> None:
+    """A reader follows every path a page names: the design documents are kept beside the
+    repository, so the pages name them, never a path into it that is not there."""
+    root = DOCS.parent
+    for page in [root / "README.md", *DOCS.glob("*.md")]:
+        cited = re.findall(r"`((?:shared|docs|tests|ttyserve)/[\w./-]+\.\w+)`", page.read_text())
+        for path in cited:
+            assert (root / path.split("::")[0]).exists(), f"{page.name} cites {path}"

@@ -308,23 +308,23 @@ def server_gone(directory: str) -> bool:
     return above is not None and process_start_time(int(above[1])) != int(above[2])
 
 
-def sweep_dead_servers(base: str) -> int:
+def sweep_dead_servers(base: str) -> list[str]:
     """Remove what servers that are gone left under ``base``: their empty cgroups. A
     populated one (leftovers left running, or sessions of a server that died without a
-    journal to say so) stays; how many stay."""
-    kept = 0
+    journal to say so) stays; the directories of those that stay."""
+    kept: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:
-        return 0
+        return kept
     for name in names:
         path = os.path.join(base, name)
         if not server_gone(path):
             continue
         for child in os.listdir(path):
             child_path = os.path.join(path, child)
-            if os.path.isdir(child_path):
-                kept += not remove_tree(child_path)
+            if os.path.isdir(child_path) and not remove_tree(child_path):
+                kept.append(child_path)
         with contextlib.suppress(OSError):
             os.rmdir(path)
     return kept

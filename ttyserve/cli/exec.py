@@ -71,10 +71,11 @@ _ENDED_HERE = {STOLEN: "another client took the session over",
 class DetachedHere(Exception):
     """The session goes on without us: a detach key, or another client took it over."""
 
-    def __init__(self, session_id: str, reason: str | None) -> None:
+    def __init__(self, session_id: str, reason: str | None, role: str = WRITER) -> None:
         super().__init__(reason)
         self.session_id = session_id
         self.reason = reason
+        self.role = role
 
 
 @contextlib.asynccontextmanager
@@ -116,7 +117,8 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                 continue
             if session.id is not None:
                 out.event("opened", pid=session.pid, session=session.id)
-                tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
+                if session.role != OBSERVER:  # (an observer is told how to come back as it leaves)
+                    tell(f"session {session.id} (reattach: ttyserve attach {session.id})")
             else:
                 out.event("opened", pid=session.pid)
             yield session
@@ -314,7 +316,7 @@ async def _stream(session: Session, out: Output, pty: bool, raw: bool,
         assert session.id is not None
         out.event("detached", session=session.id, **(
             {"reason": detached.reason} if detached.reason else {}))
-        raise DetachedHere(session.id, detached.reason)
+        raise DetachedHere(session.id, detached.reason, session.role)
     if lost is not None:
         raise lost
     if aborts:
@@ -404,7 +406,11 @@ async def _exec_session(options: ExecOptions, out: Output, signals: AsyncIterato
     except DetachedHere as exc:  # told once the terminal is back to normal
         if exc.reason in _ENDED_HERE:
             say(_ENDED_HERE[exc.reason])
-        tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+        if exc.role != OBSERVER:
+            tell(f"session {exc.session_id} (reattach: ttyserve attach {exc.session_id})")
+        elif options.grant is None and exc.reason is None:
+            tell(f"session {exc.session_id} (watch again: ttyserve attach --observe "
+                 f"{exc.session_id})")
         return ExecExit.DETACHED
     except ExecFailure as exc:
         return exc.said(out)

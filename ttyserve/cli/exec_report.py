@@ -7,6 +7,7 @@ anyio one (exec_cmd.py), so both say and return the same things.
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 
@@ -128,8 +129,16 @@ def connection_ended(exc: ConnectionLost | RemoteProtocolError, out: Output, ope
     return ExecExit.FAILURE
 
 
+_said_by = ["exec"]  # the command this process runs (`attach` says so as itself)
+
+
+def said_by(command: str) -> None:
+    """Lines of `say` name ``command`` from now on (`attach` runs `exec`'s code)."""
+    _said_by[0] = command
+
+
 def say(message: str) -> None:
-    _line(f"ttyserve exec: {message}\n")
+    _line(f"ttyserve {_said_by[0]}: {message}\n")
 
 
 def tell(message: str) -> None:
@@ -201,7 +210,11 @@ def _describe(exc: BaseException, options: ExecOptions) -> str:
     if isinstance(exc, RequestError):
         return f"the server refused: {exc.code}: {exc.message}"
     if isinstance(exc, OSError):
-        return f"cannot connect to {options.target}: {exc.strerror or exc}"
+        hint = ""
+        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            hint = (" (no server answers there: start one with `ttyserve serve`, or name "
+                    "another with --connect)")
+        return f"cannot connect to {options.target}: {exc.strerror or exc}{hint}"
     return str(exc)
 
 

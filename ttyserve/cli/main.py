@@ -93,7 +93,15 @@ def build_parser(command: str | None = None) -> _Parser:
 
         config.add_arguments(serve)
 
-    run = commands.add_parser("exec", help="run a command on a server, or on many")
+    run = commands.add_parser(
+        "exec", help="run a command on a server, or on many", description=(
+            "Run a command on a server as if it ran here: its output, its exit status, your "
+            "signals passed on. In pipe mode with stdin not a terminal (a script's loop), "
+            "exec first hands itself to a warm server of yours, which has everything "
+            "imported already, and starts one in the background when none answers: one "
+            "process per user, installation and confinement, in the runtime directory "
+            "(ttyserve-warm-*.sock), ending after 5 minutes without a command. "
+            "TTYSERVE_WARM=0 turns it off."))
     run.usage_exit = ExecExit.FAILURE
     _client_arguments(run, many=True)
     run.add_argument("--via", dest="targets", action="append", type=_via, metavar="'CMD ...'",
@@ -191,8 +199,8 @@ def _connect_arguments(parser: argparse.ArgumentParser) -> None:
                         help="server address (default: $TTYSERVE_CONNECT, else the user's "
                              "socket)")
     parser.add_argument("--token-file", metavar="FILE",
-                        help="file (mode 600) holding the server's token (default: "
-                             "$TTYSERVE_TOKEN)")
+                        help="file (mode 600) holding the server's token (without it: the "
+                             "token itself in $TTYSERVE_TOKEN, if set)")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="CA certificates that sign the server's (default: the system's)")
 
@@ -221,7 +229,8 @@ def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> No
     if many:
         parser.add_argument("--connect", dest="targets", action="append", metavar="ADDR",
                             help="server address: unix:PATH, tcp:HOST:PORT, tls:HOST:PORT, "
-                                 "ssh://[USER@]HOST[:PORT], via:CMD ... (default: "
+                                 "ws:HOST:PORT, wss:HOST:PORT, ssh://[USER@]HOST[:PORT], "
+                                 "via:CMD ... (default: "
                                  "$TTYSERVE_CONNECT, else the user's socket); repeat it to "
                                  "run on many targets")
     else:
@@ -232,8 +241,8 @@ def _client_arguments(parser: argparse.ArgumentParser, many: bool = False) -> No
                         help="what ssh:// and via: carriers run on the far side "
                              f"(default {DEFAULT_REMOTE_COMMAND})")
     parser.add_argument("--token-file", metavar="FILE",
-                        help="file (mode 600) holding the server's token (default: "
-                             "$TTYSERVE_TOKEN)")
+                        help="file (mode 600) holding the server's token (without it: the "
+                             "token itself in $TTYSERVE_TOKEN, if set)")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="CA certificates that sign the server's (default: the system's)")
     if parser.prog.endswith(("exec", "attach")):
@@ -356,8 +365,9 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _attach(args: argparse.Namespace) -> int:
     from .exec import exec_main
-    from .exec_report import ExecOptions
+    from .exec_report import ExecOptions, said_by
 
+    said_by("attach")
     reached = _connection(args, "attach")
     if reached is None:
         return ExecExit.FAILURE

@@ -132,8 +132,11 @@ def contain(config: ServerSettings) -> Containment | None:
         return None
     kept = sweep_dead_servers(os.path.dirname(containment.root))
     if kept:
-        log.info("%d session cgroup(s) of servers that are gone still hold processes: left "
-                 "as they are, under %s", kept, os.path.dirname(containment.root))
+        log.info("%d session cgroup(s) of servers that are gone still hold processes (left "
+                 "running by --leftovers leave, or by a server that died with no journal to "
+                 "end them): left as they are. To see them: find %s -name cgroup.procs -exec "
+                 "cat {} +; to end them: for d in %s; do echo 1 > $d/cgroup.kill; done",
+                 len(kept), " ".join(kept), " ".join(kept))
     return containment
 
 

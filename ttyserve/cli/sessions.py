@@ -59,7 +59,7 @@ def sessions_main(path: str, as_json: bool, limit: int) -> int:
     rows = [("STARTED", "ID", "PID", "PTY", "REASON", "CODE", "DURATION", "PEER", "COMMAND")]
     for start, end in pairs:
         rows.append((
-            start.at, start.id[:12], "-" if start.pid is None else str(start.pid),
+            start.at, start.id, "-" if start.pid is None else str(start.pid),
             "yes" if start.pty else "no", end.reason if end else "running", _outcome(end),
             _duration(start, end), start.peer, " ".join(start.argv),
         ))

@@ -157,8 +157,8 @@ class Gate:
         if reason is not None:
             self.throttle.failed(peer)
             log.warning("%s: unauthorized: %s", peer, reason)
-            raise RequestError(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token, "
-                               "or a peer that is not allowed")
+            raise RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong token, or a peer "
+                               "that is not allowed")
         return principal_of(peer)
 
     def admit_grant(self, peer: Peer, secret: str, grants: Grants) -> Grant:

@@ -117,12 +117,13 @@ def _from_file(path: str) -> dict[str, object]:
 def _validate(values: dict[str, object], source: str,
               error: type[ConfigError]) -> dict[str, object]:
     """``values`` converted to their options' types, one key at a time so a failure names it
-    as ``source`` spells it."""
+    as ``source`` spells it (a file's: `config file PATH`)."""
     known = options()
     converted: dict[str, object] = {}
     for key, value in values.items():
         try:
-            converted[key] = msgspec.convert(value, known[key][0], strict=source == "file")
+            converted[key] = msgspec.convert(value, known[key][0],
+                                             strict=source.startswith("config file"))
         except msgspec.ValidationError as exc:
             name = {"flag": flag(key), "environment": env_name(key)}.get(source, key)
             raise error(f"{source}: {name}: {exc}") from exc
@@ -137,7 +138,7 @@ def load(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
     config_path = args.config or environ.get(env_name("config"))
     file_values = _from_file(config_path) if config_path else {}
     merged = {
-        **_validate(file_values, "file", ConfigError),
+        **_validate(file_values, f"config file {config_path}", ConfigError),
         **_validate(_from_environment(environ), "environment", ConfigError),
         **_validate(flags, "flag", UsageError),
     }

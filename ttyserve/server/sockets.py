@@ -63,7 +63,10 @@ def bind_unix(path: str, leases: list[SocketLease]) -> socket.socket:
     return sock
 
 
-def bind_tcp(host: str, port: int) -> list[socket.socket]:
+def bind_tcp(host: str, port: int, named: str = "") -> list[socket.socket]:
+    """Listening sockets for every address ``host`` resolves to; ListenError names the
+    address as given (``named``: `ws:HOST:PORT` say, else `tcp:HOST:PORT`)."""
+    named = named or f"tcp:{host}:{port}"
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -86,7 +89,7 @@ def bind_tcp(host: str, port: int) -> list[socket.socket]:
     except OSError as exc:
         for sock in sockets:
             sock.close()
-        raise ListenError(f"cannot listen on tcp:{host}:{port}: {exc.strerror}") from exc
+        raise ListenError(f"cannot listen on {named}: {exc.strerror}") from exc
     return sockets
 
 
@@ -113,7 +116,8 @@ def open_listeners(
             if address.scheme == "unix":
                 bound.append((address, bind_unix(address.path, held)))
             else:
-                bound.extend((address, s) for s in bind_tcp(address.host, address.port))
+                bound.extend((address, s) for s in bind_tcp(address.host, address.port,
+                                                            str(address)))
     except BaseException:
         for _, sock in bound:
             sock.close()

@@ -131,7 +131,7 @@ class FrontDoor:
             await _refuse(conn, stream, refusal)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                 OSError, h11.ProtocolError) as exc:
-            log.info("%s: HTTP connection ended: %s", peer, exc or type(exc).__name__)
+            log.info("%s: HTTP connection ended: %s", peer, str(exc) or type(exc).__name__)
         return None
 
     async def _serve(self, conn: h11.Connection, stream: anyio.abc.ByteStream, peer: object,
