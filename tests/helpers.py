@@ -324,21 +324,23 @@ WORKERS: int | None = None  # what the `workers` fixture asks of every server a 
 
 def start_server(tmp_path: Path, *args: str, listen: list[str] | None = None,
                  expect_lines: int | None = None, env: dict[str, str] | None = None,
-                 expect_browse: int = 0, cwd: Path | None = None,
-                 ) -> ServerProcess:
+                 expect_browse: int = 0, cwd: Path | None = None, prefix: tuple[str, ...] = (),
+                 **popen: Any) -> ServerProcess:
     """Start `ttyserve serve --workers N` (N from the `workers` fixture, which every test
-    that starts a server takes) and wait for its `listening` lines."""
+    that starts a server takes) and wait for its `listening` lines. ``prefix`` runs it (a
+    wrapper that execs it), ``popen``: more of subprocess.Popen's arguments."""
     if WORKERS is None and not any(a.startswith("--workers") for a in args):
         raise AssertionError("a test that starts a server runs with each worker count: it "
                              "takes the `workers` fixture (pytest.mark.usefixtures)")
     listen = listen if listen is not None else [f"unix:{tmp_path / 's.sock'}"]
     count = [] if any(a.startswith("--workers") for a in args) else [f"--workers={WORKERS}"]
-    argv = ttyserve_command("serve", *[f"--listen={a}" for a in listen], *count, *args)
+    argv = [*prefix, *ttyserve_command("serve", *[f"--listen={a}" for a in listen], *count,
+                                       *args)]
     stderr_path = tmp_path / f"server-{time.monotonic_ns()}.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                cwd=cwd)
+                                cwd=cwd, **popen)
     server = ServerProcess(proc, stderr_path=stderr_path)
     assert proc.stdout is not None
     wanted = expect_lines if expect_lines is not None else len(listen)

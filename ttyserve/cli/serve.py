@@ -24,6 +24,7 @@ from ..backends.local import ChildBackend
 from ..credentials import read_token, tls_context
 from ..errors import AddressError, ConfigError, LeaseError, ListenError, UsageError
 from ..exitcodes import ServeExit
+from ..server.activation import inherited_listeners
 from ..server.auth import stdio_peer
 from ..server.handover import CHECK_ENV, HandoverState, UnreadableState, take
 from ..server.journal import Journal
@@ -51,6 +52,7 @@ from ..server.upgrade import (
 )
 from ..transport.streams import PipeTransport
 from ..version import __version__
+from .logs import configure
 
 if TYPE_CHECKING:
     from ..web.exchange import WebApi
@@ -166,12 +168,13 @@ def listen_addresses(config: ServerSettings) -> list[Address]:
     return addresses
 
 
-def _checked(config: ServerSettings, made: str | None,
+def _checked(config: ServerSettings, made: str | None, activated: list[Address] | None = None,
              ) -> tuple[list[Address], str | None, str | None, ssl.SSLContext | None]:
-    """What the configuration asks for, checked: the addresses, the token (and whether this
-    server made it: ``made``, one made before, or a fresh one), the TLS context. Raises
+    """What the configuration asks for, checked: the addresses (``activated``: those of the
+    sockets a service manager handed over, instead of --listen), the token (and whether
+    this server made it: ``made``, one made before, or a fresh one), the TLS context. Raises
     UsageError, AddressError, ConfigError or ValueError."""
-    addresses = listen_addresses(config)
+    addresses = activated or listen_addresses(config)
     token = None if config.stdio else read_token(config.token_file)
     generated: str | None = None
     if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
@@ -265,13 +268,19 @@ def _worker_listeners(spec: WorkerSpec, handed: HandoverState | None,
 
 
 async def _serve(config: ServerSettings, handed: HandoverState | None = None,
-                 spec: WorkerSpec | None = None) -> int:
+                 spec: WorkerSpec | None = None,
+                 inherited: list[tuple[Address, socket.socket]] | None = None) -> int:
     """Serve ``config`` (what flags, environment and file said), going on with what an
-    upgrade handed over if anything was; as a worker where ``spec`` says; the server's exit
+    upgrade handed over if anything was; as a worker where ``spec`` says; on the sockets a
+    service manager handed over (``inherited``) instead of --listen; the server's exit
     code."""
+    activated = [address for address, _ in inherited or []] if handed is None else [
+        parse_address(listener.requested) for listener in handed.listeners
+        if listener.activated]
     try:
         addresses, token, generated, tls = _checked(
-            config, handed.token if handed is not None else spec.token if spec else None)
+            config, handed.token if handed is not None else spec.token if spec else None,
+            activated)
         settings = msgspec.structs.replace(config, token=token)
     except UsageError as exc:
         log.error("%s", exc)
@@ -295,6 +304,8 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                 link, unbound = listeners[0][1], []
             elif handed is not None:
                 listeners, leases, unbound = adopted_listeners(handed, addresses)
+            elif inherited:
+                listeners, unbound = [(a, a, sock) for a, sock in inherited], []
             containment = _contained(config, handed, spec)
             listeners += _bind(unbound, leases, upgraded=handed is not None)
         except (LeaseError, ListenError, OSError, ConfigError) as exc:
@@ -312,10 +323,11 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                                             containment, generated).run(
                         signals, announcer(generated))
                 finally:
-                    for _, bound, _ in listeners:
-                        remove_socket_file(bound)
+                    for asked, bound, _ in listeners:
+                        if asked not in activated:  # (the service manager's to remove)
+                            remove_socket_file(bound)
         return await _run(config, settings, signals, handed, spec, tls, generated, listeners,
-                          link, leases, journal, containment)
+                          link, leases, journal, containment, activated)
 
 
 class Orders:
@@ -375,14 +387,16 @@ async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncI
                tls: ssl.SSLContext | None, generated: str | None,
                listeners: list[tuple[Address, Address, socket.socket]], link: Address | None,
                leases: list[SocketLease], journal: Journal | None,
-               containment: Containment | None) -> int:
+               containment: Containment | None, activated: list[Address]) -> int:
     """Serve in this process (one of `--workers 1`, or a worker of many)."""
     backend = make_backend(settings.spawn, settings.default_cwd, containment)
     server = Server(settings, backend, journal=journal, tls=tls,
                     mesh=Mesh(spec) if spec is not None else None, link=link,
                     api=_http_api(settings))
     handover = Handover(listeners, leases, journal, containment, generated, server.registry,
-                        keep=[spec.control_fd, spec.census_fd] if spec is not None else [])
+                        keep=[spec.control_fd, spec.census_fd] if spec is not None else [],
+                        activated=[sock.fileno() for asked, _, sock in listeners
+                                   if asked in activated])
     announce = announcer(generated) if handed is None else None
     if spec is not None:
         announce = _as_worker(server, spec, handed)
@@ -398,9 +412,9 @@ async def _run(config: ServerSettings, settings: ServerSettings, signals: AsyncI
                     adopt=handed)
                 tg.cancel_scope.cancel()
         finally:
-            for _, bound, _ in listeners:
-                if spec is None or bound == link:  # (the supervisor's are its to remove)
-                    remove_socket_file(bound)
+            for asked, bound, _ in listeners:  # (the supervisor's and the service
+                if (spec is None or bound == link) and asked not in activated:  # manager's
+                    remove_socket_file(bound)  # are theirs to remove)
     return ServeExit.OK if drained else ServeExit.ERROR
 
 
@@ -427,7 +441,8 @@ def quiet_collector() -> None:
 def serve_main(config: ServerSettings) -> int:
     # Through a carrier, stderr reaches the user of each `exec`: only what needs them.
     level = logging.WARNING if config.stdio else logging.INFO
-    logging.basicConfig(stream=sys.stderr, level=level, format="ttyserve: %(message)s")
+    spec = worker_spec()
+    configure(level, config.log_format, spec.slot if spec is not None else None)
     reason = unavailable_reason(config.spawn)
     if reason is not None:
         log.error("this platform cannot serve: %s", reason)
@@ -439,12 +454,14 @@ def serve_main(config: ServerSettings) -> int:
     except UnreadableState as exc:  # the dry run read the same: only a new bug gets here
         log.error("upgrade: %s", exc)
         return ServeExit.ERROR
-    spec = worker_spec()
-    if spec is not None:  # (its own stderr lines say which worker wrote them)
+    if spec is not None:
         die_with_supervisor(spec.supervisor)
-        logging.getLogger().handlers[0].setFormatter(
-            logging.Formatter(f"ttyserve[worker {spec.slot}]: %(message)s"))
-    return anyio.run(_serve, config, handed, spec)
+    try:  # (a worker, and the code an upgrade started, find no LISTEN_PID of theirs)
+        inherited = inherited_listeners()
+    except ConfigError as exc:
+        log.error("socket activation: %s", exc)
+        return ServeExit.CONFIG
+    return anyio.run(_serve, config, handed, spec, inherited)
 
 
 def worker_spec() -> WorkerSpec | None:

@@ -97,6 +97,8 @@ class ListenerState(msgspec.Struct, kw_only=True):
     requested: str  # as configured
     address: str  # as bound (the real port)
     fd: int
+    activated: bool = False  # handed to the server by its service manager: kept whatever
+    # the configuration says
 
 
 class LeaseState(msgspec.Struct, kw_only=True):

@@ -137,6 +137,10 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "a cgroup of its own, killed as a whole when the session is ended (auto: a ttyserve "
         "child of the server's own cgroup, where it may write)", "auto|off|DIR",
         min_length=1)] = "auto"
+    log_format: Annotated[Literal["text", "json"], option(
+        "what each line on stderr is: text for people, or json, one object with time "
+        "(RFC 3339, UTC), level, message and, where they apply, worker and session, for a "
+        "log system", "text|json")] = "text"
     leftovers: Annotated[Literal["kill", "leave"], option(
         "what is still running in a session's cgroup once its process exited and its output "
         "ended: kill it, or leave it running (as ssh does)", "kill|leave")] = "kill"

@@ -65,9 +65,12 @@ class Handover:
     def __init__(self, listeners: list[tuple[Address, Address, socket.socket]],
                  leases: list[SocketLease], journal: Journal | None,
                  containment: Containment | None, token: str | None,
-                 registry: SessionRegistry, keep: list[int] | None = None) -> None:
-        """``keep``: more descriptors the new code finds where they are (a worker's)."""
+                 registry: SessionRegistry, keep: list[int] | None = None,
+                 activated: Collection[int] = ()) -> None:
+        """``keep``: more descriptors the new code finds where they are (a worker's);
+        ``activated``: the listeners' descriptors a service manager handed over."""
         self.listeners = listeners  # (as configured, as bound, the socket)
+        self.activated = set(activated)
         self.keep = keep or []
         self.leases = leases
         self.journal = journal
@@ -85,7 +88,8 @@ class Handover:
         return HandoverState(
             version=HANDOVER_VERSION, from_version=__version__,
             listeners=[ListenerState(requested=str(asked), address=str(bound),
-                                     fd=sock.fileno())
+                                     fd=sock.fileno(),
+                                     activated=sock.fileno() in self.activated)
                        for asked, bound, sock in self.listeners],
             leases=[LeaseState(socket_path=lease.path.removesuffix(".lock"), fd=lease.fd)
                     for lease in self.leases],

@@ -433,11 +433,12 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             elif session.delivered_at is not None:
                 self._forget(session)
             elif session.final is not None:
-                log.info("session %s: its exit was not collected in time: dropped", session.id)
+                log.info("session %s: its exit was not collected in time: dropped", session.id,
+                         extra={"session": session.id})
                 self._forget(session)
             elif session.life.reason is None:
                 log.info("session %s: detached for %g s: hung up", session.id,
-                         session.detached_timeout)
+                         session.detached_timeout, extra={"session": session.id})
                 session.cancel(Reason.ABANDONED)
         return nearest
 

@@ -59,7 +59,7 @@ class SessionEnds:
         try:
             status = await session.run()
         except Exception:  # one session's bug must not take the server down
-            log.exception("session %s failed", session.id)
+            log.exception("session %s failed", session.id, extra={"session": session.id})
         finally:
             await self._end(session, status)
 
@@ -93,7 +93,8 @@ class SessionEnds:
     @staticmethod
     def _ending(session: ServerSession, status: Exit | None) -> None:
         if session.fault is not None:
-            log.error("session %s failed: %r", session.id, session.fault)
+            log.error("session %s failed: %r", session.id, session.fault,
+                      extra={"session": session.id})
         session.stdin.close()
         if status is None:
             session.ended_without_status()
