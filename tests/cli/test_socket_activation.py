@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +108,36 @@ def test_another_processs_listen_pid_is_not_ours(short_dir: Path) -> None:
         assert ran.stdout == b"none\n", ran.stderr
     finally:
         server.stop()
+
+
+def test_the_sockets_handed_over_are_kept_across_an_upgrade_in_place(
+        short_dir: Path, workers: int) -> None:
+    """SIGUSR2 (systemctl reload): the new code finds no LISTEN_PID of its own, and serves on
+    the handed sockets all the same (with workers, the supervisor holds them anyway)."""
+    path = short_dir / "activated.sock"
+    framed = socket.socket(socket.AF_UNIX)
+    framed.bind(str(path))
+    framed.listen()
+    with framed, activated(short_dir, "control", framed, lines=1) as server:
+        server.proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while server.stderr_tail().count("upgraded:") < workers:  # (a log line, no event)
+            assert time.monotonic() < deadline, server.stderr_tail()
+            time.sleep(0.05)
+        ran = subprocess.run(ttyserve_command("exec", "--connect", f"unix:{path}", "--", SH,
+                                              "-c", "echo again"),
+                             capture_output=True, timeout=30)
+        assert ran.stdout == b"again\n", (ran.stderr, server.stderr_tail())
+
+
+def test_json_logs_are_one_object_a_line(short_dir: Path, workers: int) -> None:
+    server = start_server(short_dir, "--log-format", "json")
+    assert server.stop(signal.SIGTERM) == ServeExit.OK
+    lines = [json.loads(line) for line in server.stderr_tail().splitlines()]
+    assert lines and all({"time", "level", "message"} <= set(line) for line in lines)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
+               for line in lines)
+    said = [line["message"] for line in lines]
+    assert any("shutting down gracefully" in message for message in said), said
+    assert ({line["worker"] for line in lines if "worker" in line}
+            == (set() if workers == 1 else {0, 1}))
