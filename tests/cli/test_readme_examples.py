@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 from helpers import start_server
+
+from ttyserve.client import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = [Path("/tmp/my-ttyserve.sock"), Path("/tmp/my-ttyserve.sock.lock")]
@@ -72,3 +75,54 @@ def _environ() -> dict[str, str]:
     import os
 
     return {key: value for key, value in os.environ.items() if key != "TTYSERVE_CONNECT"}
+
+
+def section_block(title: str, starts: str) -> str:
+    """The first block of the README's ``title`` section whose text starts with ``starts``."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index(title):]
+    section = section[:section.index("\n## ", 1)]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if b.startswith(starts)]
+    return block
+
+
+@pytest.mark.usefixtures("workers")
+def test_the_readmes_token_joins_the_server_the_page_the_api_and_share(
+        short_dir: Path) -> None:
+    """The token made as the README says is one the server takes (its mode), and the same
+    file serves the page's URL, the HTTP API's curl lines and `share` (issue 41, item 4). The
+    README's port, 7681, is the one this server got."""
+    made, serve, page = section_block("## A terminal in the browser", "(umask").splitlines()
+    subprocess.run(["sh", "-c", made], cwd=short_dir, check=True, timeout=10)
+    token = short_dir / "token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert "--token-file $PWD/token" in serve
+    server = start_server(short_dir, "--token-file", str(token),
+                          listen=["ws:127.0.0.1:0"])
+    here = server.addresses[0].removeprefix("ws:")
+
+    def as_written(line: str, **options: object) -> subprocess.CompletedProcess[str]:
+        line = line.replace("127.0.0.1:7681", here).replace(".venv/bin/", f"{ROOT}/.venv/bin/")
+        return subprocess.run(["sh", "-c", line], cwd=short_dir, capture_output=True,
+                              text=True, timeout=30, **options)  # type: ignore[call-overload, no-any-return]
+
+    try:
+        secret = token.read_text().strip()
+        assert as_written(page).stdout.strip() == f"http://{here}/#token={secret}"
+        api = as_written(section_block("## Over HTTP", "id=$(curl"))
+        events = [line for line in api.stdout.splitlines() if line]
+        assert events and '"exit"' in events[-1], (api.stdout, api.stderr)
+
+        async def detached() -> str:
+            async with connect(server.addresses[0], token=secret, multiplex=True) as conn:
+                session = await conn.spawn(["sleep", "30"], pty=False, detachable=True)
+                await session.detach()
+            return session.id or ""
+
+        session_id = anyio.run(detached)
+        share = section_block("## Sessions that outlive", ".venv/bin/ttyserve share")
+        shared = as_written(share.splitlines()[0].replace("s3Cq7...Zg", session_id))
+        assert shared.returncode == 0, shared.stderr
+        assert "#grant=" in shared.stdout and f"&session={session_id}" in shared.stdout
+    finally:
+        server.stop()
