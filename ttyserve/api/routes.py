@@ -48,10 +48,12 @@ from .types import (
     CreateSession,
     ErrorBody,
     ErrorDetail,
+    ExitStatus,
     ResizeBody,
     SessionList,
     SessionStatus,
     SignalBody,
+    entry,
 )
 
 log = logging.getLogger("ttyserve")
@@ -171,7 +173,8 @@ class HttpApi:
     async def _list(self, exchange: Exchange) -> None:
         async with connection(exchange) as conn:
             sessions = await conn.list_sessions()
-        await exchange.answer(200, msgspec.json.encode(SessionList(sessions=sessions)), JSON)
+        await exchange.answer(200, msgspec.json.encode(SessionList(
+            sessions=[entry(info) for info in sessions])), JSON)
 
     async def _status(self, exchange: Exchange, session_id: str) -> None:
         wait = _seconds(exchange.query.get("wait"))
@@ -193,7 +196,8 @@ class HttpApi:
         await exchange.answer(200, msgspec.json.encode(SessionStatus(
             session=info.session, argv=info.argv, pid=info.pid, pty=info.pty,
             started=info.started, attached=info.attached, observers=info.observers,
-            offsets=info.offsets or Offsets(), exit=info.exit)), JSON)
+            offsets=info.offsets or Offsets(),
+            exit=None if info.exit is None else msgspec.convert(info.exit, ExitStatus))), JSON)
 
     async def _cancel(self, exchange: Exchange, session_id: str) -> None:
         """Cancel it (section 4), whoever is attached; one that has ended is forgotten (its

@@ -3,7 +3,7 @@ that a member means one thing at every door; the OpenAPI document is made from t
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -27,6 +27,32 @@ CreateSession = msgspec.defstruct(
     kw_only=True, forbid_unknown_fields=True, omit_defaults=True)
 
 
+# What generated clients read as typed fields (issue 41): a time as RFC 3339, and `exit`
+# with the exit message's members (a dict in the protocol's `list`, which says the same).
+DateTime = Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+ExitStatus = msgspec.defstruct(
+    "ExitStatus", [_member(f) for f in msgspec.structs.fields(Exit)], kw_only=True,
+    omit_defaults=True)
+
+
+def _typed(f: msgspec.structs.FieldInfo) -> tuple[str, Any] | tuple[str, Any, Any]:
+    if f.name == "started":
+        return f.name, DateTime
+    if f.name == "exit":
+        return f.name, ExitStatus | None, None
+    return _member(f)
+
+
+# `GET /api/v1/sessions`'s entries: `list`'s (section 9), their time and exit typed.
+SessionEntry = msgspec.defstruct("SessionEntry", [
+    _typed(f) for f in msgspec.structs.fields(SessionInfo)], kw_only=True, omit_defaults=True)
+
+
+def entry(info: SessionInfo) -> Any:
+    """A `list` entry as the API answers it (`SessionEntry`)."""
+    return msgspec.convert(msgspec.to_builtins(info), SessionEntry)
+
+
 class Created(msgspec.Struct, kw_only=True):
     """The answer to `POST /api/v1/sessions` (201; 200 for a repeated Idempotency-Key)."""
 
@@ -38,7 +64,7 @@ class Created(msgspec.Struct, kw_only=True):
 class SessionList(msgspec.Struct, kw_only=True):
     """`GET /api/v1/sessions`: `list`'s entries (section 9)."""
 
-    sessions: list[SessionInfo]
+    sessions: list[SessionEntry]  # type: ignore[valid-type]
 
 
 class SessionStatus(msgspec.Struct, kw_only=True):
@@ -49,11 +75,11 @@ class SessionStatus(msgspec.Struct, kw_only=True):
     argv: list[str]
     pid: int
     pty: bool
-    started: str
+    started: DateTime
     attached: bool
     observers: int
     offsets: Offsets
-    exit: dict[str, Any] | None
+    exit: ExitStatus | None  # type: ignore[valid-type]
 
 
 def _body_of(message: type[msgspec.Struct], name: str) -> type[msgspec.Struct]:
