@@ -1,0 +1,23 @@
+// Checked by tsc (npm test), never run: the declarations describe how a frontend uses the
+// module, and a wrong use is a type error.
+import { Connection, decodeFrames, encodeFrame, Kind, type Exit } from "../ttyserve.js";
+
+const connection = new Connection("ws://127.0.0.1:7681/ws", { token: "t", window: 1 << 18 });
+const session = connection.open({ pty: true, rows: 24, cols: 80, detachable: true,
+                                  detachedTimeout: 900 });
+session.addEventListener("output", (event) => {
+  const bytes: Uint8Array = event.detail.data;
+  session.consumed(bytes.length);
+});
+session.addEventListener("exit", (event) => {
+  const exit: Exit = event.detail;
+  const code: number = exit.code;
+  const signal: string | undefined = exit.signal;
+  void [code, signal];
+});
+session.signal("INT");
+const frames = decodeFrames(encodeFrame(Kind.STDIN, 1, new Uint8Array([1])));
+const kind: number = frames[0].kind;
+void kind;
+// @ts-expect-error: a signal the protocol does not have
+session.signal("BOGUS");
