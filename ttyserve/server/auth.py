@@ -5,7 +5,7 @@ and its `hello`; this decides.
 
 from __future__ import annotations
 
-import collections
+import hashlib
 import hmac
 import logging
 import os
@@ -13,7 +13,6 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..errors import ErrorCode, RequestError
 from .grants import Grant, Grants
@@ -23,7 +22,8 @@ log = logging.getLogger("ttyserve")
 FREE_FAILURES = 5  # failed hellos per peer within the window before answers slow down
 WINDOW = 60.0  # seconds a failure is remembered
 MAX_DELAY = 30.0  # the slowest answer to a peer that keeps guessing
-TRACKED_PEERS = 10_000  # the oldest peer is forgotten beyond this: memory stays bounded
+THROTTLE_SLOTS = 4096  # peers whose failed hellos are counted at once (a newer takes the
+TABLE_BYTES = 3 * 8 * THROTTLE_SLOTS  # slot of an older one): memory stays bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,47 +102,51 @@ def delay_after(failures: int) -> float:
     return 0.0 if excess < 0 else min(MAX_DELAY, 0.5 * 2.0**excess)
 
 
-class Throttle(Protocol):
-    def delay(self, peer: Peer) -> float: ...
-    def failed(self, peer: Peer) -> None: ...
+class FailedHellos:
+    """The failed-hello brake: a peer's failed hellos in the current window of WINDOW
+    seconds (a fixed window), in a table of THROTTLE_SLOTS where a newer peer takes an
+    older one's slot, so memory stays bounded. The table is this process's own, or one every
+    worker maps (mesh.py's census), so the brake is the same with one process or many (a
+    count two workers raise at the same instant may lose one)."""
 
+    def __init__(self, table: memoryview | None = None) -> None:
+        # Per slot: key, window start (ns, CLOCK_MONOTONIC: one clock for all), count.
+        self._table = table if table is not None else memoryview(
+            bytearray(TABLE_BYTES)).cast("q")
 
-class AuthThrottle:
-    """Counts failed hellos per peer and says how long to make the next answer wait."""
+    def _slot(self, peer: Peer) -> tuple[int, int]:
+        digest = hashlib.blake2b(peer.key.encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "big", signed=True) or 1
+        return 3 * (key % THROTTLE_SLOTS), key
 
-    def __init__(self) -> None:
-        self._failures: collections.OrderedDict[str, collections.deque[float]] = (
-            collections.OrderedDict())
-
-    def _recent(self, key: str, now: float) -> collections.deque[float]:
-        times = self._failures.get(key)
-        if times is None:
-            return collections.deque()
-        while times and now - times[0] > WINDOW:
-            times.popleft()
-        return times
+    def _recent(self, peer: Peer, now: int) -> tuple[int, int]:
+        at, key = self._slot(peer)
+        table = self._table
+        if table[at] != key or now - table[at + 1] > WINDOW * 1e9:
+            return at, 0
+        return at, table[at + 2]
 
     def delay(self, peer: Peer) -> float:
         """Seconds to wait before answering this peer's hello: 0 until it guessed too often."""
-        return delay_after(len(self._recent(peer.key, time.monotonic())))
+        return delay_after(self._recent(peer, time.monotonic_ns())[1])
 
     def failed(self, peer: Peer) -> None:
-        now = time.monotonic()
-        times = self._recent(peer.key, now)
-        times.append(now)
-        self._failures[peer.key] = times
-        self._failures.move_to_end(peer.key)
-        while len(self._failures) > TRACKED_PEERS:
-            self._failures.popitem(last=False)
+        now = time.monotonic_ns()
+        at, count = self._recent(peer, now)
+        table = self._table
+        if count == 0:
+            table[at], table[at + 1] = self._slot(peer)[1], now
+        table[at + 2] = count + 1
 
 
 class Gate:
     """The access rules and the throttle of one server: `delay`, then `admit`."""
 
-    def __init__(self, access: Access, throttle: Throttle | None = None) -> None:
-        """``throttle``: one the server's workers share (mesh.py), or this process's own."""
+    def __init__(self, access: Access, throttle: FailedHellos | None = None) -> None:
+        """``throttle``: the brake the server's workers share (mesh.py), or this process's
+        own."""
         self.access = access
-        self.throttle = throttle or AuthThrottle()
+        self.throttle = throttle or FailedHellos()
 
     def delay(self, peer: Peer) -> float:
         """Seconds to hold this peer's `hello` before answering it."""

@@ -18,12 +18,11 @@ import mmap
 import os
 import signal
 import sys
-import time
 
 import msgspec
 
 from ..ids import slot_of, slot_prefix
-from .auth import WINDOW, Peer, delay_after
+from .auth import TABLE_BYTES, FailedHellos, Peer
 from .handover import ListenerState
 
 WORKER_ENV = "TTYSERVE_WORKER"  # a worker's WorkerSpec, as JSON
@@ -99,11 +98,8 @@ class LinkHello(msgspec.Struct, kw_only=True):
         return Peer(self.transport, self.host, self.uid, self.pid)
 
 
-THROTTLE_SLOTS = 4096  # peers whose failed hellos every worker counts together
-
-
 def _census_size(workers: int) -> int:
-    return (2 * workers + 3 * THROTTLE_SLOTS) * 8
+    return 2 * workers * 8 + TABLE_BYTES
 
 
 class Census:
@@ -121,7 +117,7 @@ class Census:
         self._counts = memoryview(self._map).cast("q")
         self.workers = workers
         self.slot = slot
-        self.throttle = SharedThrottle(self._counts[2 * workers:])
+        self.throttle = FailedHellos(self._counts[2 * workers:])
 
     @staticmethod
     def create(workers: int) -> int:
@@ -164,39 +160,6 @@ class Census:
 def _claim_offset(name: str) -> int:
     """Where ``name``'s lock is: 62 bits of its digest (a lock may lie past the file's end)."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") >> 2
-
-
-class SharedThrottle:
-    """auth.py's throttle for every worker at once: a peer's failed hellos in the current
-    window of WINDOW seconds (a fixed window, not a sliding one; a count two workers raise
-    at the same instant may lose one), in a table of THROTTLE_SLOTS where a newer peer
-    takes an older one's slot."""
-
-    def __init__(self, table: memoryview) -> None:
-        self._table = table  # key, window start (ns, CLOCK_MONOTONIC: one clock for all), count
-
-    def _slot(self, peer: Peer) -> tuple[int, int]:
-        digest = hashlib.blake2b(peer.key.encode(), digest_size=8).digest()
-        key = int.from_bytes(digest, "big", signed=True) or 1
-        return 3 * (key % THROTTLE_SLOTS), key
-
-    def _recent(self, peer: Peer, now: int) -> tuple[int, int]:
-        at, key = self._slot(peer)
-        table = self._table
-        if table[at] != key or now - table[at + 1] > WINDOW * 1e9:
-            return at, 0
-        return at, table[at + 2]
-
-    def delay(self, peer: Peer) -> float:
-        return delay_after(self._recent(peer, time.monotonic_ns())[1])
-
-    def failed(self, peer: Peer) -> None:
-        now = time.monotonic_ns()
-        at, count = self._recent(peer, now)
-        table = self._table
-        if count == 0:
-            table[at], table[at + 1] = self._slot(peer)[1], now
-        table[at + 2] = count + 1
 
 
 class Mesh:
