@@ -26,6 +26,7 @@ from ..sessions.recording import Recording
 from ..sessions.session import ServerSession
 from ..settings import ServerSettings
 from .idempotency import IdempotencyKeys
+from .sessions_here import SessionsHere
 
 log = logging.getLogger("ttyserve")
 
@@ -37,10 +38,9 @@ class HandingOver:
 
     settings: ServerSettings
     journal: Journal | None
-    sessions: dict[str, ServerSession]
+    sessions: SessionsHere
     grants: Grants
     keys: IdempotencyKeys
-    _opening: int
     _noting: int
     _running: int
     _kill_leftovers: bool
@@ -48,7 +48,6 @@ class HandingOver:
     on_upgraded: Callable[[str, int], None] | None  # a worker's report to its supervisor
 
     if TYPE_CHECKING:  # the registry's own
-        def count(self) -> None: ...
         async def _until(self, condition: Callable[[], bool]) -> None: ...
         def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
         def _delivered(self, session: ServerSession) -> None: ...
@@ -76,7 +75,7 @@ class HandingOver:
     def quiet(self) -> bool:
         """Whether no session is half-way through its end and no record is being written: a
         state can be handed over."""
-        return (not self._opening and not self._noting
+        return (not self.sessions.opening and not self._noting
                 and (self.journal is None or self.journal.idle)
                 and not any(s.life.in_transition or any(isinstance(o, Recording) and o.writing
                                                    for o in s.taps)
@@ -108,7 +107,6 @@ class HandingOver:
         states = [session_state(session) for session in self.sessions.values()]
         self.sessions.clear()
         self._running = 0
-        self.count()
         return states
 
     def describe_grants(self) -> list[GrantState]:
@@ -157,5 +155,4 @@ class HandingOver:
             self.keys.opened(session.owner, session.key, session.id)  # (its claim kept)
             if state.process is not None:
                 self.start(session)
-        self.count()
         self.deadline_moved()

@@ -56,6 +56,7 @@ from ..tasks import Tasks, open_tasks
 from .handing_over import HandingOver
 from .idempotency import IdempotencyKeys
 from .session_ends import SessionEnds
+from .sessions_here import SessionsHere
 from .sharing import Sharing
 
 log = logging.getLogger("ttyserve")
@@ -99,13 +100,12 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         self.journal = journal
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
-        self.sessions: dict[str, ServerSession] = {}
+        self.sessions = SessionsHere(mesh.census if mesh is not None else None)
         self.grants = Grants(self._id_prefix)  # section 11: who may attach without the token
         self.typing = Typing()  # interactive first: while anyone types, others read small
         self.closing = False  # a graceful shutdown began: no new sessions
         self._killing = False  # ...and its kill grace is over: what still runs is killed
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
-        self._opening = 0  # admitted opens that await their spawn or start record
         self.keys = IdempotencyKeys(mesh.census if mesh is not None else None)  # section 13
         self._noting = 0  # detach and attach records not written yet
         self._running = 0
@@ -153,7 +153,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             raise shutting_down()
         if self.restarting:
             raise restarting()
-        if len(self.sessions) + self._opening >= self.settings.max_sessions:
+        if self.sessions.counted >= self.settings.max_sessions:
             raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
         self.check_room(sessions_here)
 
@@ -179,9 +179,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                     sessions_here: int) -> ServerSession:
         session_id = self._new_id(request.detachable)
         spec = self._admit_open(request, peer, sessions_here, session_id)
-        self._opening += 1  # counted against --max-sessions while it awaits
-        self.count()
-        try:
+        with self.sessions.open_under_way():
             try:
                 process = await self.backend.spawn(spec)
             except OSError as exc:
@@ -199,9 +197,6 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             session.life.recorded = await self._record(lambda journal: journal.append(
                 journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
                                      process.cgroup_path)))
-        finally:
-            self._opening -= 1
-            self.count()
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -219,7 +214,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             try:
                 process = spawn_nowait(spec)
             except OSError as exc:
-                self.count()
+                self.sessions.unreserve()
                 raise _spawn_failed(exc, peer) from exc
         except RequestError:
             self.keys.release(owner, request.idempotency_key)
@@ -255,25 +250,9 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         except RequestError as exc:
             log.warning("%s: %s: %s", peer, exc.code, exc.message)
             raise
-        self._reserve()
-        return self.spec_for(request, session_id)
-
-    def _reserve(self) -> None:
-        """With workers, the server-wide --max-sessions: this one counted first (so racing
-        workers cannot both pass the limit), then the sum checked."""
-        if self.mesh is None:
-            return
-        census, own = self.mesh.census, len(self.sessions) + self._opening + 1
-        census.publish(census.SESSIONS, own)
-        if census.total(census.SESSIONS, own) > self.settings.max_sessions:
-            self.count()
+        if self.sessions.over_the_server_limit(self.settings.max_sessions):
             raise busy(f"the server runs its maximum of {self.settings.max_sessions} sessions")
-
-    def count(self) -> None:
-        """Tell the other workers how many sessions this one has (with workers)."""
-        if self.mesh is not None:
-            census = self.mesh.census
-            census.publish(census.SESSIONS, len(self.sessions) + self._opening)
+        return self.spec_for(request, session_id)
 
     def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
                  peer: str, detachable: bool, detached_timeout: int | None) -> ServerSession:
@@ -293,7 +272,6 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             self._task_group)
         self.sessions[session.id] = session
         self.keys.opened(session.owner, session.key, session.id)
-        self.count()
         if self.closing:  # the shutdown began while it was spawned: hung up as the others
             session.hang_up()
             if self._killing:
@@ -387,7 +365,6 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.keys.release(session.owner, session.key)
-            self.count()
             for grant in self.grants.of_session(session.id):  # a grant ends with its session
                 self.grants.remove(grant)
 

@@ -20,6 +20,7 @@ from ..sessions.recording import finish_recording
 from ..sessions.session import ServerSession
 from ..settings import ServerSettings
 from ..tasks import Tasks
+from .sessions_here import SessionsHere
 
 log = logging.getLogger("ttyserve")
 
@@ -29,7 +30,7 @@ class SessionEnds:
 
     settings: ServerSettings
     journal: Journal | None
-    sessions: dict[str, ServerSession]
+    sessions: SessionsHere
     _running: int
     _noting: int
     _tasks: Tasks | None

@@ -18,6 +18,7 @@ from ..journal import Journal, Record, SessionShare, SessionUnshare
 from ..sessions.session import ServerSession
 from ..sessions.sinks import Sink
 from ..settings import ServerSettings
+from .sessions_here import SessionsHere
 
 log = logging.getLogger("ttyserve")
 
@@ -27,7 +28,7 @@ class Sharing:
 
     settings: ServerSettings
     journal: Journal | None
-    sessions: dict[str, ServerSession]
+    sessions: SessionsHere
     grants: Grants
 
     if TYPE_CHECKING:  # the registry's own
