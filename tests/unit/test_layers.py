@@ -31,7 +31,7 @@ LAYERS = [
 # sessions of the server, one connection, and the server itself.
 SERVER_LAYERS = [
     {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "policy",
-     "settings", "config", "mesh", "activation"},
+     "settings", "config", "mesh", "activation", "accepting"},
     {"sessions"},
     {"channels"},
     {"registry"},

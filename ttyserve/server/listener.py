@@ -8,7 +8,6 @@ cancels every connection, which kills and reaps every process.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ from ..transport.streams import (
     close_gracefully,
     send_all,
 )
+from .accepting import ACCEPT_BATCH, Acceptor
 from .auth import Gate, Peer, peer_of
 from .connections.handler import ConnectionHandler
 from .handover import HandoverState
@@ -49,10 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ttyserve")
 
-_ACCEPT_RETRY = 0.1  # back off this long when accept() fails for lack of descriptors
 _REFUSAL_TIME = 1.0  # seconds a refused connection has to read its `busy`
-_ACCEPT_BATCH = 16  # connections accepted at one readiness, before others have a turn
-_STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def ensure_children_reapable() -> None:
@@ -263,30 +260,18 @@ class Server:
         """Accept from the loop's readiness callback where there is one (no task step per
         connection), else waiting the ordinary way; back off while out of descriptors."""
         service = ReadableService()
-        starved: list[OSError] = []
+        acceptor = Acceptor(listener)
 
         def acceptable() -> bool:
-            for _ in range(_ACCEPT_BATCH):
-                try:
-                    sock, _ = listener.accept()
-                except BlockingIOError:
-                    return True
-                except OSError as exc:
-                    if exc.errno in _STARVED:
-                        starved.append(exc)
-                        return False
-                    continue
+            for sock in acceptor.accept_batch():
                 connections.start_soon(self._serve_connection, sock, address)
-            return True
+            return acceptor.starved is None
 
         while True:
             if not await service.serve(listener.fileno(), acceptable):
                 await anyio.wait_readable(listener)
                 acceptable()
-            if starved:
-                log.warning("accept failed: %s; retrying", starved.pop().strerror)
-                starved.clear()
-                await anyio.sleep(_ACCEPT_RETRY)
+            await acceptor.pause_if_starved()
 
     async def _take_dispatched(self, control: socket.socket, addresses: list[Address]) -> None:
         """A worker's word from its supervisor (supervisor.py): the connections it accepted
@@ -294,7 +279,7 @@ class Server:
         control.setblocking(False)
         while True:
             await anyio.wait_readable(control)
-            for _ in range(_ACCEPT_BATCH):
+            for _ in range(ACCEPT_BATCH):
                 try:
                     data, fds, _, _ = socket.recv_fds(control, 16, 4)
                 except BlockingIOError:

@@ -13,7 +13,6 @@ and when a worker dies, kills what is left of its sessions, ends their records
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
@@ -33,6 +32,7 @@ from ..addresses import Address
 from ..backends.cgroups import Containment, instance_name, kill_tree, remove_tree, until_empty
 from ..backends.reaper import become_subreaper, run_orphan_reaper
 from ..exitcodes import ServeExit
+from .accepting import Acceptor
 from .handover import ListenerState
 from .journal import Journal, ServerUpgrade, hang_up_survivors
 from .mesh import (
@@ -51,9 +51,6 @@ from .upgrade import entry_point
 
 log = logging.getLogger("ttyserve")
 
-ACCEPT_BATCH = 16  # connections accepted at one readiness
-ACCEPT_RETRY = 0.1  # seconds: the pause when accept() fails for lack of descriptors
-STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 DISPATCH_WAIT = 1.0  # seconds a connection waits for a worker to take it
 RESTART_PAUSE = 1.0  # a worker that died before it served is started again after this
 TREE_GRACE = 2.0  # seconds a dead worker's session cgroups have to empty
@@ -254,24 +251,20 @@ class Supervisor:
         descriptor over the worker's control socket): the load spreads evenly, and a
         client's next connection usually meets another worker (which the tests count
         on). TLS and WebSocket handshakes are the worker's."""
+        acceptor = Acceptor(listener)
         while True:
             if self._paused is not None:
                 await self._paused.wait()
                 continue
             await anyio.wait_readable(listener)
-            for _ in range(ACCEPT_BATCH):
-                try:
-                    sock, _ = listener.accept()
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno in STARVED:
-                        log.warning("accept failed: %s; retrying", exc.strerror)
-                        await anyio.sleep(ACCEPT_RETRY)
-                        break
-                    continue
-                with sock:
+            accepted = acceptor.accept_batch()
+            try:
+                for sock in accepted:
                     await self._dispatch(index, sock)
+            finally:
+                for sock in accepted:
+                    sock.close()
+            await acceptor.pause_if_starved()
 
     async def _dispatch(self, index: int, sock: socket.socket) -> None:
         """Hand ``sock`` to a worker: the next in turn that takes it now, else wait (up to a
