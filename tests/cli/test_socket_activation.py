@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,21 @@ def test_json_logs_are_one_object_a_line(short_dir: Path, workers: int) -> None:
     assert any("shutting down gracefully" in message for message in said), said
     assert ({line["worker"] for line in lines if "worker" in line}
             == (set() if workers == 1 else {0, 1}))
+
+
+def test_a_handed_web_socket_needs_its_token_on_every_worker(short_dir: Path) -> None:
+    """The token the server made for a handed `ws` socket is asked of every connection,
+    whichever worker serves it (a worker checks what its supervisor accepts for it)."""
+    web = socket.create_server(("127.0.0.1", 0))
+    port = web.getsockname()[1]
+    with web, activated(short_dir, "ws", web, lines=1, browse=1) as server:
+        token = server.browse[0].split("#token=", 1)[1]
+        for _ in range(4):  # (connections take turns between the workers)
+            refused = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/sessions")
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(refused, timeout=10)
+            assert answer.value.code == 401
+            allowed = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/sessions",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(allowed, timeout=10) as listed:
+                assert listed.status == 200

@@ -214,6 +214,27 @@ async def test_one_idempotency_key_starts_one_session_in_the_whole_server(
         assert again.id != session.id
 
 
+async def test_an_idempotency_key_stays_the_whole_servers_across_an_upgrade(
+        served: ServerProcess) -> None:
+    """The upgrade's execve lets the worker's record locks go: its new code claims its
+    sessions' keys again, so the other worker still refuses a second open with one."""
+    address = served.addresses[0]
+    async with on_worker(address, None) as (conn, home):
+        session = await conn.spawn(["sleep", "30"], pty=False, detachable=True,
+                                   idempotency_key="kept")
+        await session.detach()
+    served.proc.send_signal(signal.SIGUSR2)
+    with anyio.fail_after(30):
+        while served.stderr_tail().count("upgraded:") < 2:  # (a log line: no event)
+            await anyio.sleep(0.05)
+    async with on_worker(address, None, avoid=home) as (other, _):
+        with pytest.raises(RequestError) as refused:
+            await other.spawn(["sleep", "30"], pty=False, detachable=True,
+                              idempotency_key="kept")
+        assert refused.value.code == "session_in_use"
+        await (await other.attach(session.id or "", steal=True)).cancel()
+
+
 def _ends(journal: Path) -> dict[str, SessionEnd]:
     return {r.id: r for r in read_file(str(journal)).records if isinstance(r, SessionEnd)}
 

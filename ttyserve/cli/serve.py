@@ -168,13 +168,14 @@ def listen_addresses(config: ServerSettings) -> list[Address]:
     return addresses
 
 
-def _checked(config: ServerSettings, made: str | None, activated: list[Address] | None = None,
+def _checked(config: ServerSettings, made: str | None, serving: list[Address] | None = None,
              ) -> tuple[list[Address], str | None, str | None, ssl.SSLContext | None]:
-    """What the configuration asks for, checked: the addresses (``activated``: those of the
-    sockets a service manager handed over, instead of --listen), the token (and whether
-    this server made it: ``made``, one made before, or a fresh one), the TLS context. Raises
-    UsageError, AddressError, ConfigError or ValueError."""
-    addresses = activated or listen_addresses(config)
+    """What the configuration asks for, checked: the addresses (``serving``, instead of
+    --listen: those of the sockets a service manager handed over, or a worker's, its
+    supervisor's), the token (and whether this server made it: ``made``, one made before,
+    or a fresh one), the TLS context. Raises UsageError, AddressError, ConfigError or
+    ValueError."""
+    addresses = serving or listen_addresses(config)
     token = None if config.stdio else read_token(config.token_file)
     generated: str | None = None
     if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
@@ -277,11 +278,17 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
     activated = [address for address, _ in inherited or []] if handed is None else [
         parse_address(listener.requested) for listener in handed.listeners
         if listener.activated]
+    # What its token and TLS are for: a worker's, what its supervisor accepts for it (the
+    # sockets a service manager handed the supervisor too); else the activated ones, if any.
+    serving = activated if spec is None else [
+        parse_address(listener.requested) for listener in spec.listeners]
     try:
         addresses, token, generated, tls = _checked(
             config, handed.token if handed is not None else spec.token if spec else None,
-            activated)
-        settings = msgspec.structs.replace(config, token=token)
+            serving)
+        # (what it serves, whoever bound it: the API goes with a web listener it serves)
+        settings = msgspec.structs.replace(config, token=token,
+                                           listen=[str(address) for address in addresses])
     except UsageError as exc:
         log.error("%s", exc)
         return ServeExit.USAGE
@@ -374,7 +381,8 @@ class Orders:
 
 
 def _http_api(settings: ServerSettings) -> WebApi | None:
-    """The HTTP API (section 13) for `ws:` and `wss:` listeners (its imports: only then)."""
+    """The HTTP API (section 13) for `ws:` and `wss:` listeners it serves (its imports: only
+    then)."""
     if not any(parse_address(address).web for address in settings.listen):
         return None
     from ..api.routes import HttpApi
@@ -473,8 +481,12 @@ def worker_spec() -> WorkerSpec | None:
 def _dry_run(config: ServerSettings) -> int:
     """An upgrade's dry run, in the new code: 0 when it can take over from the old one."""
     try:
-        check(take(CHECK_ENV))
-        _checked(config, None)
+        state = take(CHECK_ENV)
+        check(state)
+        spec = worker_spec()  # (checked as the real start will be: what it will serve)
+        serving = spec.listeners if spec is not None else [
+            listener for listener in (state.listeners if state else []) if listener.activated]
+        _checked(config, None, [parse_address(listener.requested) for listener in serving])
     except UsageError as exc:
         log.error("dry run: %s", exc)
         return ServeExit.USAGE

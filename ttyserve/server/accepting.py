@@ -27,7 +27,7 @@ class Acceptor:
     def accept_batch(self) -> list[socket.socket]:
         """What is waiting, ACCEPT_BATCH at most (never blocks); stops early when starved."""
         accepted: list[socket.socket] = []
-        while len(accepted) < ACCEPT_BATCH:
+        for _ in range(ACCEPT_BATCH):  # (tries, not successes: a failure that repeats ends it)
             try:
                 sock, _ = self.listener.accept()
             except BlockingIOError:

@@ -138,9 +138,10 @@ class Census:
     def claim(self, name: str) -> bool:
         """Hold ``name`` (a principal's idempotency key) for this worker, server-wide; False
         when another worker holds it. A record lock on the census at an offset the name's
-        digest gives: one process at a time may hold it, the kernel frees it when that
-        process dies (a crashed worker's keys are free again), and it outlives an upgrade
-        in place (an execve keeps the census open)."""
+        digest gives: one process at a time may hold it, and the kernel frees it when that
+        process dies (a crashed worker's keys are free again), or closes any descriptor of
+        the census (an upgrade in place does: its new code claims its sessions' keys
+        again)."""
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _claim_offset(name))
         except OSError:  # EACCES or EAGAIN: held by another worker

@@ -152,7 +152,7 @@ class HandingOver:
                 session.taps.append(recording)
                 self._task_group.start_soon(recording.run)
             self.sessions[session.id] = session
-            self.keys.opened(session.owner, session.key, session.id)  # (its claim kept)
+            self.keys.adopted(session.owner, session.key, session.id)
             if state.process is not None:
                 self.start(session)
         self.deadline_moved()

@@ -8,9 +8,12 @@ starts a second session with it, even at the same moment.
 
 from __future__ import annotations
 
+import logging
+
 from ...errors import ErrorCode, RequestError
 from ..mesh import Census
 
+log = logging.getLogger("ttyserve")
 OPENING = "(opening)"  # what holds a key while its session is spawned
 
 
@@ -40,10 +43,19 @@ class IdempotencyKeys:
         self._held[(owner, key)] = OPENING
 
     def opened(self, owner: str, key: str | None, session_id: str) -> None:
-        """``session_id`` holds ``key`` from now on (opened here, or handed over by an
-        upgrade in place, whose execve kept the claim)."""
+        """``session_id``, opened here, holds ``key`` (taken) from now on."""
         if key is not None:
             self._held[(owner, key)] = session_id
+
+    def adopted(self, owner: str, key: str | None, session_id: str) -> None:
+        """``session_id``, handed over by an upgrade in place, holds ``key``: claimed again
+        server-wide (the execve closed a descriptor of the census, which let this process's
+        record locks go; no other worker opens anything while an upgrade is under way)."""
+        if key is None:
+            return
+        if self._census is not None and not self._census.claim(_name(owner, key)):
+            log.warning("session %s: its idempotency key is another worker's now", session_id)
+        self._held[(owner, key)] = session_id
 
     def release(self, owner: str, key: str | None) -> None:
         """Another open may use ``key`` again: its session was forgotten, or never began."""

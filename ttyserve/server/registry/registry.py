@@ -208,21 +208,21 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         if self.journal is not None or spawn_nowait is None:
             return None
         self.keys.take(owner, request.idempotency_key, request.detachable)
-        session_id = self._new_id(request.detachable)
         try:
+            session_id = self._new_id(request.detachable)
             spec = self._admit_open(request, peer, sessions_here, session_id)
             try:
                 process = spawn_nowait(spec)
             except OSError as exc:
                 self.sessions.unreserve()
                 raise _spawn_failed(exc, peer) from exc
-        except RequestError:
+            session = self._session(session_id, process, spec, owner, peer,
+                                    request.detachable, request.detached_timeout)
+            session.key = request.idempotency_key
+            return self._admitted(session)
+        except BaseException:  # (as in `open`: whatever ends it lets the key go)
             self.keys.release(owner, request.idempotency_key)
             raise
-        session = self._session(session_id, process, spec, owner, peer, request.detachable,
-                                request.detached_timeout)
-        session.key = request.idempotency_key
-        return self._admitted(session)
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
@@ -448,7 +448,9 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
     async def _end_all(self) -> None:
         """The server's last act: every session still running is ended now (killed and
         reaped) and its end written, so no way out of it, forced or not, leaves a process
-        running or a start without its end."""
+        running or a start without its end. The wait is bounded (END_ALL_GRACE): a tree that
+        a cgroup.kill cannot empty in that time is left to the next start's recovery, as
+        after a crash."""
         for session in list(self.sessions.values()):
             session.cancel(Reason.SHUTDOWN)
         with anyio.move_on_after(END_ALL_GRACE):
