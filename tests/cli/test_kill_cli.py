@@ -59,6 +59,25 @@ async def test_kill_cancels_a_detached_session_and_signals_an_attached_one(
         Reason.EXIT, "TERM")
 
 
+async def test_kill_of_an_ended_session_lets_it_go(short_dir: Path) -> None:
+    """An ended session kept for its exit is not killed again: it is let go (as the HTTP
+    API's DELETE does), and gone from the list."""
+    server = start_server(short_dir)
+    try:
+        async with connect(server.addresses[0], multiplex=True) as conn:
+            session = await conn.spawn(["sleep", "0.5"], pty=False, detachable=True)
+            await session.detach()  # (before it ends: its exit is kept for an attach)
+            with anyio.fail_after(10):
+                while not any(i.session == session.id and i.exit is not None
+                              for i in await conn.list_sessions()):
+                    await anyio.sleep(0.05)  # (it ends by itself: no event tells another)
+            done = await kill(server.addresses[0], session.id or "")
+            assert (done.returncode, done.stderr) == (0, "")
+            assert all(i.session != session.id for i in await conn.list_sessions())
+    finally:
+        server.stop()
+
+
 async def test_kill_of_an_unknown_session_or_signal_is_255_with_a_line(short_dir: Path) -> None:
     server = start_server(short_dir)
     try:

@@ -96,6 +96,7 @@ def test_the_readmes_token_joins_the_server_the_page_the_api_and_share(
     subprocess.run(["sh", "-c", made], cwd=short_dir, check=True, timeout=10)
     token = short_dir / "token"
     assert token.stat().st_mode & 0o777 == 0o600
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}\n", token.read_text())  # whole in a URL's fragment
     assert "--token-file $PWD/token" in serve
     server = start_server(short_dir, "--token-file", str(token),
                           listen=["ws:127.0.0.1:0"])

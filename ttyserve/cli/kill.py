@@ -5,6 +5,8 @@ The protocol has no request for this apart from a channel: `kill` attaches as th
 taking the session over from a client attached to it (that client's channel ends with
 `detached` "stolen", and it may attach again), then cancels it (the journal says
 `cancelled`) or sends the signal and lets go, and the session ends as its process does.
+A session that had ended already (kept for a client to read its exit) is let go: its exit
+is read, and the server forgets it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ SIGNALS: tuple[str, ...] = typing.get_args(SignalName)
 async def _kill(address: Address, token: str | None, tls: ssl.SSLContext | None,
                 session_id: str, signal: SignalName | None) -> None:
     async with connect(address, token=token, tls=tls, multiplex=True) as conn:
+        ended = any(info.session == session_id and info.exit is not None
+                    for info in await conn.list_sessions())
         session = await conn.attach(session_id, steal=True)
+        if ended:  # kept for its exit: read (so released), and it is forgotten
+            await session.wait()
+            return
         if signal is None:
             await session.cancel()
             return
