@@ -43,8 +43,7 @@ async def test_kill_cancels_a_detached_session_and_signals_an_attached_one(
             signalled = await kill(address, "--signal", "term", attached.id or "")
             assert (signalled.returncode, signalled.stderr) == (0, "")
             with anyio.fail_after(10), pytest.raises(SessionDetached) as taken:
-                async for _ in attached:
-                    pass
+                _ = [chunk async for chunk in attached]  # its output, until the steal
             assert taken.value.reason == "stolen"  # its writer was told, and may come back
             again = await conn.attach(attached.id or "")
             status = await again.wait()
