@@ -214,6 +214,17 @@ async def test_one_idempotency_key_starts_one_session_in_the_whole_server(
         assert again.id != session.id
 
 
+async def test_a_key_whose_open_failed_is_free_again(served: ServerProcess) -> None:
+    """An open that fails (here its spawn) lets its key go: a retry is refused for what is
+    wrong with it, never for the key of a session that never began."""
+    async with connect(served.addresses[0], multiplex=True) as conn:
+        for _ in range(2):
+            with pytest.raises(RequestError) as refused:
+                await conn.spawn(["/nonexistent/command"], pty=False, detachable=True,
+                                 idempotency_key="failed")
+            assert refused.value.code == "spawn_failed"
+
+
 async def test_an_idempotency_key_stays_the_whole_servers_across_an_upgrade(
         served: ServerProcess) -> None:
     """The upgrade's execve lets the worker's record locks go: its new code claims its

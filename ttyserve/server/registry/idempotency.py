@@ -9,6 +9,8 @@ starts a second session with it, even at the same moment.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ...errors import ErrorCode, RequestError
 from ..mesh import Census
@@ -41,6 +43,17 @@ class IdempotencyKeys:
             raise RequestError(ErrorCode.SESSION_IN_USE, "a session with this idempotency "
                                "key exists on another worker")
         self._held[(owner, key)] = OPENING
+
+    @contextmanager
+    def holding(self, owner: str, key: str | None, detachable: bool) -> Iterator[None]:
+        """`take` for an open, let go again if the open fails in any way (a refusal, a
+        failed spawn, a cancel); once it succeeded, its session holds the key (`opened`)."""
+        self.take(owner, key, detachable)
+        try:
+            yield
+        except BaseException:
+            self.release(owner, key)
+            raise
 
     def opened(self, owner: str, key: str | None, session_id: str) -> None:
         """``session_id``, opened here, holds ``key`` (taken) from now on."""

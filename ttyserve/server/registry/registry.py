@@ -168,12 +168,8 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         """Admit and spawn a session, its start record on disk before it is returned (so
         before `opened` is sent); RequestError says why not (shutting_down, busy,
         bad_request or forbidden from the policy, spawn_failed)."""
-        self.keys.take(owner, request.idempotency_key, request.detachable)
-        try:
+        with self.keys.holding(owner, request.idempotency_key, request.detachable):
             return await self._open(request, owner, peer, sessions_here)
-        except BaseException:
-            self.keys.release(owner, request.idempotency_key)
-            raise
 
     async def _open(self, request: Open, owner: str, peer: str,
                     sessions_here: int) -> ServerSession:
@@ -207,8 +203,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         spawn_nowait = self._spawn_nowait
         if self.journal is not None or spawn_nowait is None:
             return None
-        self.keys.take(owner, request.idempotency_key, request.detachable)
-        try:
+        with self.keys.holding(owner, request.idempotency_key, request.detachable):
             session_id = self._new_id(request.detachable)
             spec = self._admit_open(request, peer, sessions_here, session_id)
             try:
@@ -220,9 +215,6 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                                     request.detachable, request.detached_timeout)
             session.key = request.idempotency_key
             return self._admitted(session)
-        except BaseException:  # (as in `open`: whatever ends it lets the key go)
-            self.keys.release(owner, request.idempotency_key)
-            raise
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
