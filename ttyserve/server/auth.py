@@ -119,23 +119,24 @@ class FailedHellos:
         key = int.from_bytes(digest, "big", signed=True) or 1
         return 3 * (key % THROTTLE_SLOTS), key
 
-    def _recent(self, peer: Peer, now: int) -> tuple[int, int]:
+    def _recent(self, peer: Peer, now: int) -> tuple[int, int, int]:
+        """The peer's slot, key, and failures in the current window (0: none, or none yet)."""
         at, key = self._slot(peer)
         table = self._table
         if table[at] != key or now - table[at + 1] > WINDOW * 1e9:
-            return at, 0
-        return at, table[at + 2]
+            return at, key, 0
+        return at, key, table[at + 2]
 
     def delay(self, peer: Peer) -> float:
         """Seconds to wait before answering this peer's hello: 0 until it guessed too often."""
-        return delay_after(self._recent(peer, time.monotonic_ns())[1])
+        return delay_after(self._recent(peer, time.monotonic_ns())[2])
 
     def failed(self, peer: Peer) -> None:
         now = time.monotonic_ns()
-        at, count = self._recent(peer, now)
+        at, key, count = self._recent(peer, now)
         table = self._table
-        if count == 0:
-            table[at], table[at + 1] = self._slot(peer)[1], now
+        if count == 0:  # a window of its own begins
+            table[at], table[at + 1] = key, now
         table[at + 2] = count + 1
 
 
