@@ -15,15 +15,17 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Protocol
 
+from ...errors import ErrorCode, RequestError
 from ...protocol.frames import FrameKind
-from ...protocol.messages import WRITER, Attached, Exit, Offsets, Role
+from ...protocol.messages import WRITER, Attached, Eof, Exit, Message, Offsets, Role
 from ...transport.streams import Buffer
 from ..sessions.scrollback import Chunk
 from ..sessions.sinks import LOST
 
 if TYPE_CHECKING:
     from ..sessions.session import ServerSession
-    from .observer import Observer
+    from ..sessions.stdin import StdinQueue
+    from .route import Later, Route
 
 Chunks = collections.deque[Chunk]  # as the ring keeps them (scrollback.add_chunk)
 
@@ -46,6 +48,11 @@ class ChannelHost(Protocol):
     @property
     def peer(self) -> object:
         """Who is at the other end (for the journal and the logs)."""
+        ...
+
+    @property
+    def link(self) -> bool:
+        """Whether the connection is a link from another worker (mesh.py)."""
         ...
 
     def output_limit(self, channel: int) -> int:
@@ -71,9 +78,13 @@ class ChannelHost(Protocol):
         """`send_output` of the next ``size`` bytes of ``pipe``, which leave it either way."""
         ...
 
-    def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
-        """Answer the channel's `attach`: from here on the channel is ``attachment``'s (its
-        exit may end it before `Attachment.attach` returns)."""
+    def frame_attached(self, route: Route, answer: Attached) -> None:
+        """Answer the channel's `attach`: from here on the channel is ``route``'s (its exit
+        may end it before `Attachment.attach` returns)."""
+        ...
+
+    def refuse(self, channel: int, error: RequestError) -> None:
+        """Say `error` on the channel: its request was refused (an `attach` ends there)."""
         ...
 
     def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
@@ -84,13 +95,22 @@ class ChannelHost(Protocol):
         """Tell the writer how many observers watch now (section 11)."""
         ...
 
-    def end_channel(self, attachment: Attachment | Observer, last: Exit | str | None) -> bool:
+    def end_channel(self, route: Route, last: Exit | str | None) -> bool:
         """The channel's last frame: `exit` with ``last``, or `detached` (with ``last`` as
-        its reason); the connection forgets the attachment. False when it had ended."""
+        its reason); the connection forgets the route. False when it had ended."""
         ...
 
-    def stdin_consumed(self, channel: int, size: int) -> None:
-        """The process took ``size`` bytes of the channel's input (credit may be granted)."""
+    def stdin_consumed(self, channel: int, size: int, soon: bool = False) -> None:
+        """The process took ``size`` bytes of the channel's input (credit may be granted);
+        ``soon``: the grant may wait for the end of this turn of the loop."""
+        ...
+
+    def until_room(self, stdin: StdinQueue) -> Later | None:
+        """The wait for ``stdin`` to take more, when it holds all the client may send."""
+        ...
+
+    def let_go(self, route: SessionChannel) -> None:
+        """The connection lets go of the session behind ``route``, which goes on."""
         ...
 
 
@@ -116,6 +136,54 @@ class SessionChannel:
     def leave(self) -> None:
         """Its connection has gone: nothing more is sent on the channel."""
         self.released = True
+
+    def release(self, reason: str | None = None) -> None:
+        """The session goes on without this channel: its last frame is `detached`."""
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        """The channel got credit or the connection room: what waited for it goes on."""
+        raise NotImplementedError
+
+    # --- the route: what the client sends on the channel (route.py) -----------------
+
+    @property
+    def ends_on_upgrade(self) -> bool:
+        return not self.session.detachable
+
+    def stdin(self, data: bytes) -> Later | None:
+        session = self.session
+        self.host.stdin_consumed(self.channel, session.feed_stdin(data), soon=True)
+        return self.host.until_room(session.stdin)
+
+    def credit(self, size: int) -> None:
+        self.resume()
+
+    def control(self, message: Message) -> None:
+        if isinstance(message, Eof):
+            self.session.stdin.feed_eof()
+        else:
+            self.session.control(message)
+
+    def detach(self) -> None:
+        if not self.session.detachable:
+            self.host.refuse(self.channel, RequestError(
+                ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
+                "with detachable: true); cancel it instead"))
+            return
+        self.release()  # `detached`: the channel's last frame
+        self.host.let_go(self)
+
+    def cancel(self) -> None:
+        self.leave()
+        self.session.cancel()
+
+    def close(self) -> None:
+        self.leave()
+        if self.session.detachable:
+            self.host.let_go(self)
+        else:
+            self.session.cancel()
 
 
 class Attachment(SessionChannel):

@@ -6,9 +6,10 @@ handshake deadline, the channel-to-session table and the close. The handler is
 the one object that drives the connection's core: it frames what sessions send
 through their attachments, and it ends channels itself (cancel, detach, the
 connection's end), so a keystroke, a grant of credit and a detach each go one
-way through the layers. Two parts live apart, for size: the answers to what the client
-asks of sessions (requests.py) and the checks of the client, its `hello` and its
-heartbeat (peer_checks.py).
+way through the layers. What the client sends on a channel goes to the channel's route
+(channels/route.py), wherever its session lives. Two parts own what they answer: the
+requests about sessions (requests.py; remote.py where other workers hold some), and the
+checks of the client, its `hello` and its heartbeat (peer_checks.py).
 """
 
 from __future__ import annotations
@@ -25,15 +26,9 @@ import anyio
 import anyio.abc
 
 from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
-from ...errors import RemoteProtocolError
+from ...errors import RemoteProtocolError, RequestError
 from ...protocol.frames import FrameKind
-from ...protocol.heartbeat import Heartbeat
-from ...protocol.messages import (
-    Attached,
-    Eof,
-    Exit,
-    Offsets,
-)
+from ...protocol.messages import Attached, Exit, Offsets
 from ...protocol.server import (
     AttachRequested,
     CancelRequested,
@@ -63,13 +58,15 @@ from ...transport.streams import (
     close_gracefully,
 )
 from ..auth import Gate, Peer
-from ..channels.attachment import Attachment
-from ..channels.observer import Observer
+from ..channels.attachment import SessionChannel
+from ..channels.route import Later, Route
 from ..grants import Grant
+from ..journal import SessionDetach
 from ..registry.registry import SessionRegistry, restarting, shutting_down
+from ..sessions.stdin import StdinQueue
 from .peer_checks import PeerChecks
-from .requests import SessionRequests
-from .waits import Later
+from .remote import WorkerRequests
+from .requests import HERE, SessionRequests
 
 log = logging.getLogger("ttyserve")
 
@@ -77,7 +74,7 @@ T = TypeVar("T")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
-class ConnectionHandler(SessionRequests, PeerChecks):
+class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
     _task_read = False  # the callback met what only the task's `receive` can do (set on
@@ -105,25 +102,26 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         self.gate = gate
         self.core = ServerConnection(settings.max_frame, settings.stdin_window,
                                      output_frame=OUTPUT_CHUNK)
-        self.attachments: dict[int, Attachment | Observer] = {}
+        self.routes: dict[int, Route] = {}  # what each open channel is attached to
         self._handshake_timeout = settings.handshake_timeout
-        self._deadline = math.inf  # the handshake's, while it lasts
+        self.deadline = math.inf  # the handshake's, while it lasts
         self._on_closed = on_closed
         self._wait_scope: anyio.CancelScope | None = None  # a wait `_stop_reading` cuts short
         self._first_read = True
         # The writer task, when one is needed, runs beside the connection's own.
         self.outbox = Outbox(transport, on_broken=self._stop_reading, on_room=self._room)
         self.outbox.attach(tasks)
-        self._tasks = tasks
-        self._heartbeat: Heartbeat | None = None  # section 10, when `hello` asked for it
-        self._beat_scope: anyio.CancelScope | None = None
-        self._over = False
-        self._paused = False  # the reader waits for something of ours, not for the client
+        self.tasks = tasks
+        self.over = False
+        self.paused = False  # the reader waits for something of ours, not for the client
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self.grant: Grant | None = None  # what admitted it instead of the token (section 11)
         self._draining = False
-        if linked is not False:
-            self.link, self._linked = True, linked  # type: ignore[assignment]
+        self.checks = PeerChecks(linked)
+        mesh = registry.mesh  # a link's requests are for this worker: never sent on
+        self.requests: SessionRequests = (
+            WorkerRequests(mesh) if mesh is not None and mesh.workers > 1
+            and not self.checks.link else HERE)
         self._later: Later | None = None  # what the readiness callback left the reader task
         self._unflushed = 0  # output framed by `send_output_soon` and not handed on yet
         self._flush_soon = False  # a flush at the end of this turn of the loop is due
@@ -133,10 +131,10 @@ class ConnectionHandler(SessionRequests, PeerChecks):
     async def run(self) -> None:
         """Serve until the client leaves, breaks the protocol, or its one session ends."""
         try:
-            self._deadline = anyio.current_time() + self._handshake_timeout
+            self.deadline = anyio.current_time() + self._handshake_timeout
             await self._read_loop()
             if not self.core.handshake_done and not self.core.closing and (
-                    anyio.current_time() >= self._deadline):
+                    anyio.current_time() >= self.deadline):
                 log.info("%s: no hello and open in time: dropped", self.peer)
                 self.core.close(RemoteProtocolError(
                     f"no {'open' if self.core.hello else 'hello'} within "
@@ -151,12 +149,9 @@ class ConnectionHandler(SessionRequests, PeerChecks):
                 await close_gracefully(self.transport, CLOSE_TIMEOUT, functools.partial(
                     self.transport.send_eof, protocol_error=self.core.error is not None))
         finally:
-            self._over = True
-            if self._beat_scope is not None:
-                self._beat_scope.cancel()
-            for attachment in list(self.attachments.values()):
-                self._leave(attachment)  # cancelled (a forced shutdown): as the client left
-            self.close_hops()
+            self.over = True
+            self.checks.stop()
+            self._close_routes()  # cancelled (a forced shutdown): as the client left
             self.outbox.close()
             await self.transport.aclose()
             self.outbox.release()
@@ -166,7 +161,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
     def begin_shutdown(self) -> None:
         """Graceful shutdown (the registry hung the sessions up): close once none is left."""
         self._draining = True
-        if not self.attachments and not self.remote:
+        if not self.routes:
             self.core.close(shutting_down() if self.core.hello is not None else None)
             self._stop_reading()
 
@@ -186,7 +181,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
 
     def _ending_sessions(self) -> bool:
         """Whether a session the upgrade ends (not detachable) is still attached here."""
-        return not all(a.session.detachable for a in self.attachments.values())
+        return any(route.ends_on_upgrade for route in self.routes.values())
 
     def _stop_reading(self) -> None:
         """The connection is to close: the reader stops, woken where it waits for the client
@@ -223,12 +218,23 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         """The close: nothing more is framed (what is framed still goes out), and every
         session is let go, as `cancel` does, or `detach` (section 9)."""
         self.core.close()
-        for attachment in list(self.attachments.values()):
-            self._leave(attachment)
-        self.close_hops()
+        self._close_routes()
         self.flush()
 
-    async def _interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
+    def _close_routes(self) -> None:
+        """Every channel's session let go: the client has gone (route.py)."""
+        routes, self.routes = self.routes, {}
+        for route in routes.values():
+            route.close()
+        self.requests.close(self)
+
+    def close(self, error: RequestError) -> None:
+        """Close the connection with ``error`` on channel 0."""
+        self.core.close(error)
+        self._stop_reading()
+        self.flush()
+
+    async def interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
         """``wait``, unless `_stop_reading` or ``deadline`` cuts it short (then None)."""
         with anyio.CancelScope(deadline=deadline) as self._wait_scope:
             if self._stopped:
@@ -245,7 +251,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         """Hand what the core framed to the writer, without waiting."""
         self._unflushed = 0
         if self.core.pending and not self.outbox.broken:
-            if (heartbeat := self._heartbeat) is not None:
+            if (heartbeat := self.checks.heartbeat) is not None:
                 heartbeat.last_sent = time.monotonic()
             try:
                 self.outbox.push(self.core.data_to_send())
@@ -271,7 +277,7 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         if not core.send_output_header(channel, kind, size):
             discard(pipe, size)
             return
-        if (heartbeat := self._heartbeat) is not None:
+        if (heartbeat := self.checks.heartbeat) is not None:
             heartbeat.last_sent = time.monotonic()
         self._unflushed = 0
         try:
@@ -302,9 +308,16 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         self._flush_soon = False
         self.flush()
 
-    def frame_attached(self, attachment: Attachment | Observer, answer: Attached) -> None:
-        self.attachments[attachment.channel] = attachment
-        self.core.attached(attachment.channel, answer)
+    @property
+    def link(self) -> bool:
+        return self.checks.link
+
+    def frame_attached(self, route: Route, answer: Attached) -> None:
+        self.routes[route.channel] = route
+        self.core.attached(route.channel, answer)
+
+    def refuse(self, channel: int, error: RequestError) -> None:
+        self.core.refuse(channel, error)
 
     def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
         self.core.send_skipped(channel, size, offsets)
@@ -313,15 +326,31 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         if self.core.send_audience(channel, observers):
             self.flush()
 
-    def stdin_consumed(self, channel: int, size: int) -> None:
+    def stdin_consumed(self, channel: int, size: int, soon: bool = False) -> None:
         self.core.stdin_consumed(channel, size)
-        self.flush()
+        if not soon:
+            self.flush()
 
-    def end_channel(self, attachment: Attachment | Observer, last: Exit | str | None) -> bool:
-        """A channel's last frame, `exit` or `detached`; the connection forgets it."""
-        channel = attachment.channel
-        if self.attachments.get(channel) is attachment:
-            del self.attachments[channel]
+    def until_room(self, stdin: StdinQueue) -> Later | None:
+        window = self.core.stdin_window
+        if stdin.over(window):
+            return lambda: self.interruptibly(stdin.wait_room(window))
+        return None
+
+    def let_go(self, route: SessionChannel) -> None:
+        # Noted at once, not left to this task: a client that hangs up right after `detach`
+        # breaks the send of `detached`, and that ends the reader before it could note it.
+        session = route.session
+        if session.sink is cast(object, route):  # (an observer is never the sink)
+            session.detach()
+        self.registry.note_soon(session, SessionDetach, str(self.peer), role=route.role,
+                                grant=route.grant)
+
+    def end_channel(self, route: Route, last: Exit | str | None) -> bool:
+        """A channel's last frame, `exit` or `detached`; the connection forgets its route."""
+        channel = route.channel
+        if self.routes.get(channel) is route:
+            del self.routes[channel]
         if isinstance(last, Exit):
             framed = self.core.send_exit(channel, last)
         else:
@@ -334,19 +363,19 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         """A channel ended: the connection closes when that was what it waited for."""
         if self._restarting and not self._ending_sessions():
             self.core.close(restarting())  # (a no-op when the core closed with it already)
-        if self.core.closing or (self._draining and not self.attachments and not self.remote):
+        if self.core.closing or (self._draining and not self.routes):
             self._stop_reading()  # the reader closes the connection
 
     def _room(self) -> None:
         """The send queue has room again: replays and pumps that waited for it go on."""
-        for attachment in list(self.attachments.values()):
-            attachment.resume()
+        for route in list(self.routes.values()):
+            route.resume()
 
     # --- reader ------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         core = self.core
-        while not (core.closing or self._stopped or anyio.current_time() >= self._deadline):
+        while not (core.closing or self._stopped or anyio.current_time() >= self.deadline):
             try:
                 data = await self._receive()
             except _GONE:
@@ -356,10 +385,10 @@ class ConnectionHandler(SessionRequests, PeerChecks):
                 core.close(exc)
                 return
             if data is not None:
-                if self._heartbeat is not None:
-                    self._heartbeat.last_received = time.monotonic()
+                if (heartbeat := self.checks.heartbeat) is not None:
+                    heartbeat.last_received = time.monotonic()
                 core.receive_data(data)
-            self._paused = True
+            self.paused = True
             try:
                 if (later := self._later) is not None:
                     self._later = None
@@ -370,10 +399,10 @@ class ConnectionHandler(SessionRequests, PeerChecks):
             except RemoteProtocolError as exc:
                 log.info("%s: %s: %s", self.peer, exc.code, exc.message)
             if core.handshake_done:
-                self._deadline = math.inf
+                self.deadline = math.inf
             self.flush()
             await self.outbox.wait_for_room()
-            self._paused = False
+            self.paused = False
 
     async def _receive(self) -> bytes | None:
         """The client's next bytes; None when the readiness callback read them and left this
@@ -389,13 +418,13 @@ class ConnectionHandler(SessionRequests, PeerChecks):
                 self._task_read = True
             else:
                 if not await self._service.serve(socket.fileno(), self._readable,
-                                                 self._deadline):
+                                                 self.deadline):
                     self._socket = None  # no readiness callbacks on this loop: the ordinary way
                 elif not self._task_read:
                     return None
         if self._task_read:
             self._task_read = False
-        return await self._interruptibly(self.transport.receive(SERVER_RECEIVE), self._deadline)
+        return await self.interruptibly(self.transport.receive(SERVER_RECEIVE), self.deadline)
 
     def _readable(self) -> bool:
         """The keystroke path, run by the event loop when the socket is readable: read, act
@@ -418,8 +447,8 @@ class ConnectionHandler(SessionRequests, PeerChecks):
             return False
         if data is None:
             return True
-        if self._heartbeat is not None:
-            self._heartbeat.last_received = time.monotonic()
+        if (heartbeat := self.checks.heartbeat) is not None:
+            heartbeat.last_received = time.monotonic()
         core.receive_data(data)
         try:
             while (event := core.next_event()) is not None:
@@ -442,36 +471,28 @@ class ConnectionHandler(SessionRequests, PeerChecks):
         act = _ACTS.get(type(event))
         return act(self, event) if act is not None else None
 
+    # --- what the client sends on a channel: its route's (route.py) ---------------------
+
     def _stdin(self, event: StdinReceived) -> Later | None:
-        if (hop := self.hop_for(event.channel)) is not None:
-            return self.remote_stdin(hop, event.channel, event.data)
-        attachment = self.attachments.get(event.channel)
-        if attachment is not None:
-            session = attachment.session
-            self.core.stdin_consumed(event.channel, session.feed_stdin(event.data))
-            window = self.core.stdin_window
-            if session.stdin.over(window):
-                return lambda: self._interruptibly(session.stdin.wait_room(window))
-        return None
+        route = self.routes.get(event.channel)
+        return route.stdin(event.data) if route is not None else None
 
     def _credit(self, event: CreditGranted) -> None:
-        if (hop := self.hop_for(event.channel)) is not None:
-            hop.window(event.channel, event.bytes)
-            return
-        attachment = self.attachments.get(event.channel)
-        if attachment is not None:
-            attachment.resume()
+        if (route := self.routes.get(event.channel)) is not None:
+            route.credit(event.bytes)
 
     def _control(self, event: ControlReceived) -> None:
-        if (hop := self.hop_for(event.channel)) is not None:
-            self.remote_control(hop, event.channel, event.message)
-            return
-        attachment = self.attachments.get(event.channel)
-        if attachment is not None:
-            if isinstance(event.message, Eof):
-                attachment.session.stdin.feed_eof()
-            else:
-                attachment.session.control(event.message)
+        if (route := self.routes.get(event.channel)) is not None:
+            route.control(event.message)
+
+    def _detach(self, event: DetachRequested) -> None:
+        if (route := self.routes.get(event.channel)) is not None:
+            route.detach()
+
+    def _cancel(self, event: CancelRequested) -> None:
+        """The core has ended the channel: its session is cancelled."""
+        if (route := self.routes.pop(event.channel, None)) is not None:
+            route.cancel()
 
 
 async def _raise(exc: BaseException) -> None:
@@ -483,13 +504,13 @@ _ACTS: dict[type, Callable[[ConnectionHandler, Any], Later | None]] = {
     StdinReceived: ConnectionHandler._stdin,
     CreditGranted: ConnectionHandler._credit,
     ControlReceived: ConnectionHandler._control,
-    HelloReceived: ConnectionHandler.hello_received,
-    OpenRequested: SessionRequests.open_requested,
-    AttachRequested: SessionRequests.attach_requested,
-    CancelRequested: SessionRequests.cancel_requested,
-    DetachRequested: SessionRequests.detach_requested,
-    ReleaseRequested: SessionRequests.release_requested,
-    ListRequested: SessionRequests.list_requested,
-    ShareRequested: SessionRequests.share_requested,
-    UnshareRequested: SessionRequests.unshare_requested,
+    DetachRequested: ConnectionHandler._detach,
+    CancelRequested: ConnectionHandler._cancel,
+    HelloReceived: lambda handler, event: handler.checks.hello_received(handler, event),
+    OpenRequested: lambda handler, event: handler.requests.open_requested(handler, event),
+    AttachRequested: lambda handler, event: handler.requests.attach_requested(handler, event),
+    ReleaseRequested: lambda handler, event: handler.requests.release_requested(handler, event),
+    ListRequested: lambda handler, event: handler.requests.list_requested(handler, event),
+    ShareRequested: lambda handler, event: handler.requests.share_requested(handler, event),
+    UnshareRequested: lambda handler, event: handler.requests.unshare_requested(handler, event),
 }

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import anyio
 
 from ...defaults import SERVER_RECEIVE
-from ...errors import ErrorCode, RemoteProtocolError, RequestError
+from ...errors import ErrorCode, LocalProtocolError, RemoteProtocolError, RequestError
 from ...protocol.client import (
     AnswerReceived,
     AttachedReceived,
@@ -40,6 +40,7 @@ from ...protocol.client import (
 from ...protocol.messages import (
     Attach,
     Audience,
+    Detach,
     Error,
     Exit,
     Hello,
@@ -50,10 +51,11 @@ from ...protocol.messages import (
     Unshared,
     Window,
 )
-from ...protocol.server import ServerConnection
 from ...transport.outbox import Outbox, TaskStarter
-from ...transport.streams import Buffer, SocketTransport
+from ...transport.streams import SocketTransport
 from ..auth import Peer
+from ..channels.attachment import ChannelHost
+from ..channels.route import Later
 from ..mesh import Mesh
 
 log = logging.getLogger("ttyserve")
@@ -63,15 +65,13 @@ DIAL_TRIES = 50  # a full backlog (the other worker busy or upgrading): tried ag
 WORKER_LOST = "the worker process that ran this session stopped: its status is unknown"
 
 
-class HopHost(Protocol):
-    """What a hop needs of the connection it works for (ConnectionHandler)."""
+class HopHost(ChannelHost, Protocol):
+    """What a hop needs of the connection it works for (ConnectionHandler): the channels'
+    frames, as any route sends them, and the pace of its send queue."""
 
-    core: ServerConnection
     outbox: Outbox
 
     def flush(self) -> None: ...
-    def end_remote(self, channel: int, last: Exit | str | None) -> None: ...
-    def hop_lost(self, hop: Hop, error: Error | None) -> None: ...
 
 
 def refusal(error: Error) -> RequestError:
@@ -99,22 +99,74 @@ async def dial(path: str) -> socket.socket:
     raise AssertionError("unreachable")
 
 
+class RemoteChannel:
+    """The route of a client channel whose session lives in another worker: what the
+    client sends on it goes on over the hop as it came (route.py)."""
+
+    __slots__ = ("channel", "hop")
+    ends_on_upgrade = False  # (the far worker's own upgrade ends what it must)
+
+    def __init__(self, hop: Hop, channel: int) -> None:
+        self.hop = hop
+        self.channel = channel
+
+    def stdin(self, data: bytes) -> Later | None:
+        hop = self.hop
+        if hop.core.live(self.channel):
+            hop.send(hop.core.stdin(self.channel, data))
+        return None if hop.outbox.has_room else hop.outbox.wait_for_room
+
+    def credit(self, size: int) -> None:
+        self.control(Window(bytes=size))
+
+    def control(self, message: Message) -> None:
+        hop = self.hop
+        if hop.core.live(self.channel):
+            hop.send(hop.core.control(self.channel, message))
+
+    def resume(self) -> None:
+        """(The hop waits for the connection's room itself.)"""
+
+    def detach(self) -> None:
+        self.control(Detach())
+
+    def cancel(self) -> None:
+        self.hop.channels.pop(self.channel, None)
+        self.hop.send(self.hop.core.cancel(self.channel))
+
+    def close(self) -> None:
+        """(The hop's close lets go of every channel it carries at once.)"""
+
+    def end(self, last: Exit | str | None) -> None:
+        """The far side's last frame for the channel, `exit` or `detached`."""
+        self.hop.channels.pop(self.channel, None)
+        self.hop.host.end_channel(self, last)
+
+
 class Hop:
-    """One link, for one client connection, to the worker in ``slot``."""
+    """One link, for one client connection, to the worker in ``slot``.
+
+    Its rules: the client's grants of credit are the far worker's (a `window` goes on as it
+    came), and the client's core checks every relayed output frame against them, so a far
+    worker that sent more than was granted breaks the link, whose channels then end as a
+    lost worker's do (exit -1, WORKER_LOST); its requests on channel 0 are asked one at a
+    time, each waiting for its answer."""
 
     def __init__(self, host: HopHost, slot: int, sock: socket.socket, tasks: TaskStarter,
-                 max_frame: int) -> None:
+                 max_frame: int, on_lost: Callable[[Hop], None]) -> None:
         self.host = host
         self.slot = slot
         self.core = ClientConnection(max_frame)
         self.transport = SocketTransport(sock)
         self.outbox = Outbox(self.transport)
         self.outbox.attach(tasks)
-        self.channels: set[int] = set()  # the client's channels it carries
+        self.channels: dict[int, RemoteChannel] = {}  # the client's channels it carries
+        self._on_lost = on_lost
         self._welcome = anyio.Event()
-        self._answer: anyio.Event | None = None  # a request on channel 0 waits
-        self._attaching: anyio.Event | None = None  # an attach waits for its answer
+        self._asking = anyio.Lock()  # one request on channel 0 at a time
+        self._answer: anyio.Event | None = None  # the request on channel 0 waits
         self._answered: Any = None
+        self._attaching: dict[int, anyio.Event] = {}  # attaches waiting for their answer
         self.error: Error | None = None  # how the far worker closed the link, if it said
         self.over = False
         self._scope = anyio.CancelScope()
@@ -122,7 +174,7 @@ class Hop:
     @classmethod
     async def open(cls, host: HopHost, mesh: Mesh, slot: int, peer: Peer,
                    principal: str | None, hello: Hello, tasks: TaskStarter,
-                   max_frame: int) -> Hop:
+                   max_frame: int, on_lost: Callable[[Hop], None]) -> Hop:
         """Dial ``slot``'s worker, say who the client is and mirror its `hello`; the hop once
         welcomed. Raises RequestError: the worker's refusal, or that it cannot be reached."""
         try:
@@ -130,7 +182,7 @@ class Hop:
         except OSError as exc:
             raise RequestError(ErrorCode.BUSY, f"worker {slot} cannot be reached: "
                                f"{exc.strerror}", retry_after_ms=250) from None
-        hop = cls(host, slot, sock, tasks, max_frame)
+        hop = cls(host, slot, sock, tasks, max_frame, on_lost)
         tasks.start_soon(hop.run)
         hop.send(mesh.link_hello(peer, principal), hop.core.hello(Hello(
             protocol=1, multiplex=True, window=hello.window, grant=hello.grant)))
@@ -155,37 +207,24 @@ class Hop:
             except anyio.BrokenResourceError:
                 pass  # the reader sees the link end
 
-    async def attach(self, channel: int, request: Attach) -> bool:
-        """Send the client's `attach` on and wait for the answer, framed to the client by
-        then (its core answers requests in order); False when the link ended first."""
-        self.channels.add(channel)
-        self._attaching = anyio.Event()
+    async def attach(self, channel: int, request: Attach) -> RemoteChannel | None:
+        """Send the client's `attach` on and wait for its answer, framed to the client by
+        then: the channel's route (attached, or refused and told so); None when the link
+        ended first."""
+        route = self.channels[channel] = RemoteChannel(self, channel)
+        answered = self._attaching[channel] = anyio.Event()
         self.send(self.core.open(channel, request))
-        await self._attaching.wait()
-        self._attaching = None
-        return not self.over or not self.core.opening(channel)
-
-    def stdin(self, channel: int, data: Buffer) -> None:
-        if self.core.live(channel):
-            self.send(self.core.stdin(channel, bytes(data)))
-
-    def control(self, channel: int, message: Message) -> None:
-        if self.core.live(channel):
-            self.send(self.core.control(channel, message))
-
-    def window(self, channel: int, size: int) -> None:
-        self.control(channel, Window(bytes=size))
-
-    def cancel(self, channel: int) -> None:
-        self.channels.discard(channel)
-        self.send(self.core.cancel(channel))
+        await answered.wait()
+        self._attaching.pop(channel, None)
+        return None if self.over and self.core.opening(channel) else route
 
     async def ask(self, frame: bytes) -> Sessions | Shared | Unshared | Error | None:
         """Send a request on channel 0 and wait for its answer (None: the link ended)."""
-        self._answer, self._answered = anyio.Event(), None
-        self.send(frame)
-        await self._answer.wait()
-        return self._answered  # type: ignore[no-any-return]
+        async with self._asking:
+            self._answer, self._answered = anyio.Event(), None
+            self.send(frame)
+            await self._answer.wait()
+            return self._answered  # type: ignore[no-any-return]
 
     # --- what comes back -----------------------------------------------------------
 
@@ -201,19 +240,21 @@ class Hop:
                     await self.host.outbox.wait_for_room()
         except RemoteProtocolError as exc:
             log.error("link to worker %d: %s", self.slot, exc)
+        except LocalProtocolError as exc:  # more than the client granted, say
+            log.error("link to worker %d broke the client's protocol: %s", self.slot, exc)
         except _GONE:
             pass
         finally:
             self.over = True
             self._welcome.set()
-            for waiting in (self._answer, self._attaching):
+            for waiting in (self._answer, *self._attaching.values()):
                 if waiting is not None:
                     waiting.set()
             self.outbox.abort()
             await self.transport.aclose()
             self.outbox.release()
             if self.channels:
-                self.host.hop_lost(self, self.error)
+                self._on_lost(self)
 
     def close(self) -> None:
         """The client's connection ends: the far worker lets go of its sessions (detached),
@@ -232,42 +273,40 @@ class Hop:
         self._welcome.set()
 
     def _attached(self, event: AttachedReceived) -> None:
-        self.host.core.attached(event.channel, event.attached)
-        if self._attaching is not None:
-            self._attaching.set()
+        if (route := self.channels.get(event.channel)) is not None:
+            self.host.frame_attached(route, event.attached)
+        if (answered := self._attaching.get(event.channel)) is not None:
+            answered.set()
 
     def _refused(self, event: OpenRefused) -> None:
-        self.channels.discard(event.channel)
-        self.host.core.refuse(event.channel, refusal(event.error))
-        if self._attaching is not None:
-            self._attaching.set()
+        self.channels.pop(event.channel, None)
+        self.host.refuse(event.channel, refusal(event.error))
+        if (answered := self._attaching.get(event.channel)) is not None:
+            answered.set()
 
     def _output(self, event: OutputReceived) -> None:
-        self.host.core.send_output(event.channel, event.kind, event.data)
+        self.host.send_output_soon(event.channel, event.kind, event.data)
 
-    def _exit(self, event: ExitReceived) -> None:
-        self.channels.discard(event.channel)
-        self.host.end_remote(event.channel, event.exit)
-
-    def _detached(self, event: DetachedReceived) -> None:
-        self.channels.discard(event.channel)
-        self.host.end_remote(event.channel, event.reason)
+    def _ended(self, event: ExitReceived | DetachedReceived) -> None:
+        last = event.exit if isinstance(event, ExitReceived) else event.reason
+        if (route := self.channels.get(event.channel)) is not None:
+            route.end(last)
 
     def _error(self, event: ErrorReceived) -> None:
         if event.channel == 0:  # the far worker closes the link (restarting, shutting down)
             self.error = event.error
         else:
-            self.host.core.refuse(event.channel, refusal(event.error))
+            self.host.refuse(event.channel, refusal(event.error))
 
     def _credit(self, event: StdinCreditGranted) -> None:
-        self.host.core.stdin_consumed(event.channel, event.bytes)
+        self.host.stdin_consumed(event.channel, event.bytes, soon=True)
 
     def _notice(self, event: NoticeReceived) -> None:
-        notice, core = event.notice, self.host.core
+        notice, host = event.notice, self.host
         if isinstance(notice, Skipped) and notice.offsets is not None:
-            core.send_skipped(event.channel, notice.bytes, notice.offsets)
+            host.send_skipped(event.channel, notice.bytes, notice.offsets)
         elif isinstance(notice, Audience):
-            core.send_audience(event.channel, notice.observers)
+            host.send_audience(event.channel, notice.observers)
 
     def _answered_now(self, event: SessionsReceived | AnswerReceived) -> None:
         self._answered = (event.sessions if isinstance(event, SessionsReceived)
@@ -281,8 +320,8 @@ _RELAYS: dict[type, Callable[[Hop, Any], None]] = {
     AttachedReceived: Hop._attached,
     OpenRefused: Hop._refused,
     OutputReceived: Hop._output,
-    ExitReceived: Hop._exit,
-    DetachedReceived: Hop._detached,
+    ExitReceived: Hop._ended,
+    DetachedReceived: Hop._ended,
     ErrorReceived: Hop._error,
     StdinCreditGranted: Hop._credit,
     NoticeReceived: Hop._notice,

@@ -1,9 +1,7 @@
 """A connection's checks of its client: its `hello` (the token or grant, the brake on a
 peer that keeps guessing) and its heartbeat (section 10: ping a quiet client, give up a
-silent one).
-
-A part of `ConnectionHandler` (handler.py), apart for size: a mixin with no state of its
-own.
+silent one). A link from another worker comes with its client admitted there already
+(`linked`: the principal, or None where its grant is checked here) and is never braked.
 """
 
 from __future__ import annotations
@@ -12,98 +10,88 @@ import functools
 import logging
 import select
 import time
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ...errors import RequestError
 from ...protocol.heartbeat import Beat, Heartbeat
-from ...protocol.server import HelloReceived, ServerConnection
-from ...transport.outbox import Outbox, TaskStarter
-from ...transport.streams import Transport
+from ...protocol.server import HelloReceived
 from ...version import __version__
-from ..auth import Gate, Peer
-from ..grants import Grant
-from ..registry.registry import SessionRegistry, shutting_down
-from .waits import Later
+from ..channels.route import Later
+from ..registry.registry import shutting_down
+
+if TYPE_CHECKING:
+    from .handler import ConnectionHandler
 
 log = logging.getLogger("ttyserve")
 
 SERVER_NAME = f"ttyserve/{__version__}"
-T = TypeVar("T")
 
 
 class PeerChecks:
-    """The handler's admission and heartbeat of its client."""
+    """One connection's admission of its client, and the heartbeat that watches it (the
+    connection is handed to each call: the part holds no reference to it)."""
 
-    core: ServerConnection
-    outbox: Outbox
-    transport: Transport
-    peer: Peer
-    gate: Gate
-    registry: SessionRegistry
-    principal: str
-    grant: Grant | None
-    _deadline: float
-    _heartbeat: Heartbeat | None
-    _tasks: TaskStarter
-    _beat_scope: anyio.CancelScope | None
-    _over: bool
-    _paused: bool
-    _linked: str | None = None  # a link from another worker: whom it admitted the client as
-    link = False  # a link from another worker (mesh.py): it throttled the client already
+    __slots__ = ("_beat_scope", "_linked", "heartbeat", "link")
 
-    if TYPE_CHECKING:  # the handler's own
-        def flush(self) -> None: ...
-        def remote_hello(self, grant: str, slot: int) -> Later: ...
-        async def _interruptibly(self, wait: Awaitable[T]) -> T | None: ...
+    def __init__(self, linked: str | bool | None = False) -> None:
+        self.link = linked is not False
+        self._linked = linked if isinstance(linked, str) else None
+        self.heartbeat: Heartbeat | None = None  # section 10, when `hello` asked for it
+        self._beat_scope: anyio.CancelScope | None = None
 
-    def hello_received(self, event: HelloReceived) -> Later | None:
-        grant, mesh = event.hello.grant, self.registry.mesh
-        if grant is not None and mesh is not None and not self.link and (
-                slot := mesh.elsewhere(grant)) is not None:
-            return self.remote_hello(grant, slot)  # the worker that made it admits it
-        if not self.link and (delay := self.gate.delay(self.peer)):
-            return functools.partial(self._hello, event, delay)
-        self._answer_hello(event)
+    def hello_received(self, handler: ConnectionHandler, event: HelloReceived) -> Later | None:
+        grant = event.hello.grant
+        if grant is not None and (later := handler.requests.hello_elsewhere(handler, grant)):
+            return later  # the worker that made it admits it
+        if not self.link and (delay := handler.gate.delay(handler.peer)):
+            return functools.partial(self._hello, handler, event, delay)
+        self._answer_hello(handler, event)
         return None
 
-    async def _hello(self, event: HelloReceived, delay: float) -> None:
+    async def _hello(self, handler: ConnectionHandler, event: HelloReceived,
+                     delay: float) -> None:
         """A peer that keeps guessing waits longer each time (and has as long more)."""
-        await self._interruptibly(anyio.sleep(delay))
-        self._deadline += delay
-        self._answer_hello(event)
+        await handler.interruptibly(anyio.sleep(delay))
+        handler.deadline += delay
+        self._answer_hello(handler, event)
 
-    def _answer_hello(self, event: HelloReceived) -> None:
+    def _answer_hello(self, handler: ConnectionHandler, event: HelloReceived) -> None:
         try:
             if event.hello.grant is not None:  # a grant stands for the token (section 11)
-                self.grant = self.gate.admit_grant(self.peer, event.hello.grant,
-                                                   self.registry.grants)
-                self.principal = self.grant.owner
+                handler.grant = handler.gate.admit_grant(handler.peer, event.hello.grant,
+                                                         handler.registry.grants)
+                handler.principal = handler.grant.owner
             elif self._linked is not None:
-                self.principal = self._linked
+                handler.principal = self._linked
             else:
-                self.principal = self.gate.admit(self.peer, event.hello.token)
+                handler.principal = handler.gate.admit(handler.peer, event.hello.token)
         except RequestError as exc:
-            self.core.close(exc)
+            handler.core.close(exc)
             return
-        if self.registry.closing:  # (it closes before any connection drains)
-            self.core.close(shutting_down())
+        if handler.registry.closing:  # (it closes before any connection drains)
+            handler.core.close(shutting_down())
             return
-        self.core.accept_hello(SERVER_NAME, self.grant.scope() if self.grant else None)
+        handler.core.accept_hello(SERVER_NAME,
+                                  handler.grant.scope() if handler.grant else None)
         if (interval := event.hello.heartbeat) is not None:
-            self._heartbeat = Heartbeat(interval, time.monotonic())
-            self._tasks.start_soon(self._beat, self._heartbeat)
+            self.heartbeat = Heartbeat(interval, time.monotonic())
+            handler.tasks.start_soon(self._beat, handler, self.heartbeat)
 
-    def _input_waiting(self) -> bool:
+    def stop(self) -> None:
+        """The connection is over: the heartbeat stops."""
+        if self._beat_scope is not None:
+            self._beat_scope.cancel()
+
+    def _input_waiting(self, handler: ConnectionHandler) -> bool:
         """Whether the client's bytes wait unread because we stopped reading them (a full
         send queue, or a process that does not take its input, holds the reader back): a
         client we do not read is not a dead one."""
-        if not (self._paused or not self.outbox.has_room):
+        if not (handler.paused or not handler.outbox.has_room):
             return False
         try:
-            fd = self.transport.fileno()
+            fd = handler.transport.fileno()
             if fd < 0:
                 return False
             poller = select.poll()
@@ -112,24 +100,24 @@ class PeerChecks:
         except (OSError, ValueError):
             return False
 
-    async def _beat(self, heartbeat: Heartbeat) -> None:
+    async def _beat(self, handler: ConnectionHandler, heartbeat: Heartbeat) -> None:
         """Ping when nothing was sent for an interval; give the client up when nothing came
         for three: its sessions are let go as for any closed connection."""
         with anyio.CancelScope() as self._beat_scope:
-            while not self._over:
+            while not handler.over:
                 now = time.monotonic()
                 beat = heartbeat.check(now)
-                if beat is Beat.DEAD and self._input_waiting():
+                if beat is Beat.DEAD and self._input_waiting(handler):
                     heartbeat.last_received = now  # alive: it is we who do not read it
                     continue
                 if beat is Beat.DEAD:
-                    log.info("%s: nothing came for %g s: the connection is dead", self.peer,
-                             heartbeat.silence_limit)
-                    self.core.close()
-                    self.outbox.abort()  # nothing more waits to be sent to a silent peer
+                    log.info("%s: nothing came for %g s: the connection is dead",
+                             handler.peer, heartbeat.silence_limit)
+                    handler.core.close()
+                    handler.outbox.abort()  # nothing more waits to be sent to a silent peer
                     return
                 if beat is Beat.PING:
-                    self.core.ping()
-                    self.flush()
+                    handler.core.ping()
+                    handler.flush()
                     heartbeat.last_sent = now
                 await anyio.sleep(heartbeat.next_check() - now)

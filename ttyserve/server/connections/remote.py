@@ -1,233 +1,179 @@
-"""What a client asks of sessions that live in another worker (`serve --workers N`): sent
-on over a hop (hop.py), and `list` gathered from every worker.
-
-A part of `ConnectionHandler` (handler.py), apart for size: a mixin whose state is two
-tables made on first use, so a connection of a single-process server pays nothing.
+"""What a client of one worker of `serve --workers N` asks of sessions: answered here when
+they are here, sent on over a hop (hop.py) to the worker that holds them otherwise, and
+`list` gathered from every worker. The session id or grant names its worker (ids.py).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...errors import ErrorCode, RequestError
-from ...protocol.messages import (
-    Attach,
-    Detach,
-    Error,
-    Exit,
-    Hello,
-    Message,
-    SessionInfo,
-    Sessions,
-    Share,
-    Shared,
-    Unshare,
-    Unshared,
+from ...protocol.messages import Error, Exit, Hello, Message, Sessions, Shared, Unshared
+from ...protocol.server import (
+    AttachRequested,
+    ListRequested,
+    ReleaseRequested,
+    ShareRequested,
+    UnshareRequested,
 )
-from ...protocol.server import ServerConnection
-from ...transport.outbox import Outbox, TaskStarter
-from ..auth import Peer
+from ..channels.route import Later
 from ..mesh import Mesh
-from ..registry.registry import SessionRegistry
 from .hop import WORKER_LOST, Hop, refusal
 from .peer_checks import SERVER_NAME
-from .waits import Later
+from .requests import SessionRequests
 
 if TYPE_CHECKING:
-    from ...transport.streams import Buffer
+    from .handler import ConnectionHandler
 
 
-LINK_LET_GO = 0.5  # seconds a writer attached over a link has to let go (requests.py)
+class WorkerRequests(SessionRequests):
+    """One client connection's requests in a worker: its hops, by slot, dialled on first
+    use, and the requests that go over them."""
 
+    __slots__ = ("_hops", "mesh")
 
-class RemoteRequests:
-    """The handler's hops, and its requests that go over them."""
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self._hops: dict[int, Hop] = {}
 
-    core: ServerConnection
-    registry: SessionRegistry
-    peer: Peer
-    principal: str
-    _tasks: TaskStarter
-    outbox: Outbox
-    link = False  # a link from another worker (mesh.py)
-    _hops: dict[int, Hop] | None = None  # by slot, made on first use
-    remote: dict[int, Hop] | None = None  # the client's channels whose sessions are elsewhere
-
-    if TYPE_CHECKING:  # the handler's own
-        def flush(self) -> None: ...
-        def _stop_reading(self) -> None: ...
-        def _channel_over(self) -> None: ...
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.registry.mesh
-
-    def elsewhere(self, name: str) -> int | None:
-        """The other worker a session id or grant names, if any (a link's requests are for
-        this worker: it never sends one on)."""
-        mesh = self.mesh
-        return None if mesh is None or self.link else mesh.elsewhere(name)
-
-    @property
-    def spans_workers(self) -> bool:
-        """Whether a `list` here gathers from every worker (not on a link)."""
-        return self.mesh is not None and self.mesh.workers > 1 and not self.link
-
-    def hop_for(self, channel: int) -> Hop | None:
-        """The hop that carries ``channel``, when its session is elsewhere."""
-        remote = self.remote
-        return remote.get(channel) if remote is not None else None
-
-    async def _hop(self, slot: int, grant: str | None = None) -> Hop:
+    async def _hop(self, handler: ConnectionHandler, slot: int, grant: str | None = None) -> Hop:
         """This connection's hop to ``slot``, dialled on first use. Raises RequestError."""
-        hops = self._hops
-        if hops is None:
-            hops = self._hops = {}
-        hop = hops.get(slot)
+        hop = self._hops.get(slot)
         if hop is None or hop.over:
-            mesh, hello = self.mesh, self.core.hello
-            assert mesh is not None and hello is not None
+            hello = handler.core.hello
+            assert hello is not None
             if grant is not None:  # the far worker checks the grant itself
                 hello = Hello(protocol=1, window=hello.window, grant=grant)
-            principal = None if grant is not None else self.principal
-            hop = hops[slot] = await Hop.open(
-                self, mesh, slot, self.peer, principal, hello, self._tasks,
-                self.core.max_frame)
+            principal = None if grant is not None else handler.principal
+            hop = self._hops[slot] = await Hop.open(
+                handler, self.mesh, slot, handler.peer, principal, hello, handler.tasks,
+                handler.core.max_frame, functools.partial(self._lost, handler))
         return hop
+
+    def close(self, handler: ConnectionHandler) -> None:
+        """The connection ends: every link closes (the far sessions go on, detached)."""
+        hops, self._hops = self._hops, {}
+        for hop in hops.values():
+            hop.close()
 
     # --- requests for sessions elsewhere ---------------------------------------------------
 
-    def remote_attach(self, channel: int, request: Attach, slot: int) -> Later:
+    def hello_elsewhere(self, handler: ConnectionHandler, grant: str) -> Later | None:
+        """A `hello` with a grant another worker made: that worker admits it, or not."""
+        if (slot := self.mesh.elsewhere(grant)) is None:
+            return None
+
+        async def hello() -> None:
+            try:
+                hop = await self._hop(handler, slot, grant)
+            except RequestError as exc:
+                handler.close(exc)
+                return
+            handler.core.accept_hello(SERVER_NAME, hop.welcome.grant)
+        return hello
+
+    def attach_requested(self, handler: ConnectionHandler,
+                         event: AttachRequested, patient: bool = True) -> Later | None:
+        if (slot := self.mesh.elsewhere(event.request.session)) is None:
+            return super().attach_requested(handler, event, patient)
+        core, channel = handler.core, event.channel
+
         async def attach() -> None:
             try:
-                hop = await self._hop(slot)
+                hop = await self._hop(handler, slot)
             except RequestError as exc:
-                self.core.refuse(channel, exc)
+                core.refuse(channel, exc)
                 return
-            if self.remote is None:
-                self.remote = {}
-            self.remote[channel] = hop
-            if not await hop.attach(channel, request):
-                self.remote.pop(channel, None)
-                self.core.refuse(channel, RequestError(
+            if await hop.attach(channel, event.request) is None:
+                core.refuse(channel, RequestError(
                     ErrorCode.BUSY, f"worker {slot} stopped before it answered",
                     retry_after_ms=250))
         return attach
 
-    def remote_stdin(self, hop: Hop, channel: int, data: Buffer) -> Later | None:
-        hop.stdin(channel, data)
-        return None if hop.outbox.has_room else hop.outbox.wait_for_room
+    def release_requested(self, handler: ConnectionHandler,
+                          event: ReleaseRequested) -> Later | None:
+        if (slot := self.mesh.elsewhere(event.session)) is None:
+            return super().release_requested(handler, event)
 
-    def remote_control(self, hop: Hop, channel: int, message: Message) -> None:
-        hop.control(channel, message)
-
-    def remote_detach(self, hop: Hop, channel: int) -> None:
-        hop.control(channel, Detach())
-
-    def remote_cancel(self, channel: int) -> None:
-        if self.remote is not None and (hop := self.remote.pop(channel, None)) is not None:
-            hop.cancel(channel)
-
-    def remote_release(self, session: str, slot: int) -> Later:
         async def release() -> None:
             try:
-                hop = await self._hop(slot)
+                hop = await self._hop(handler, slot)
             except RequestError:
                 return  # (no answer either way)
-            hop.send(hop.core.release(session))
+            hop.send(hop.core.release(event.session))
         return release
 
-    def remote_share(self, request: Share, slot: int) -> Later:
+    def list_requested(self, handler: ConnectionHandler, event: ListRequested) -> Later | None:
+        here = handler.registry.listing(handler.principal)
+
+        async def listing() -> None:
+            found = list(here)
+            for slot in self.mesh.others():
+                answer = await self._ask(handler, slot, lambda hop: hop.core.list_sessions())
+                if isinstance(answer, Sessions):
+                    found += answer.sessions
+            handler.core.answer(Sessions(sessions=found))
+        return listing
+
+    def share_requested(self, handler: ConnectionHandler, event: ShareRequested) -> Later | None:
+        if (slot := self.mesh.elsewhere(event.request.session)) is None:
+            return super().share_requested(handler, event)
+
         async def share() -> None:
-            answer = await self._ask(slot, lambda hop: hop.core.share(request))
-            self._answer(answer, Shared)
+            answer = await self._ask(handler, slot, lambda hop: hop.core.share(event.request))
+            self._answer(handler, answer, Shared)
         return share
 
-    def remote_unshare(self, request: Unshare, slots: list[int]) -> Later:
-        """`unshare` where the grant is not here: the worker its secret names, or (a public
-        id names none) each other one in turn until one knows it."""
+    def unshare_refused(self, handler: ConnectionHandler, event: UnshareRequested,
+                        exc: RequestError) -> Later | None:
+        """A grant this worker does not know: the worker its secret names, or (a public id
+        names none) each other one in turn until one knows it."""
+        name, mesh = event.request.grant, self.mesh
+        slots = [slot] if (slot := mesh.owner(name)) is not None else mesh.others()
+        if exc.code != ErrorCode.NO_SUCH_SESSION or mesh.slot in slots:
+            return super().unshare_refused(handler, event, exc)
+
         async def unshare() -> None:
             answer: Message | None = None
             for slot in slots:
-                answer = await self._ask(slot, lambda hop: hop.core.unshare(request))
+                answer = await self._ask(handler, slot, lambda hop: hop.core.unshare(event.request))
                 if not (isinstance(answer, Error) and answer.code == ErrorCode.NO_SUCH_SESSION):
                     break
-            self._answer(answer, Unshared)
+            self._answer(handler, answer, Unshared)
         return unshare
 
-    def remote_list(self, here: list[SessionInfo]) -> Later:
-        async def listing() -> None:
-            mesh = self.mesh
-            assert mesh is not None
-            found = list(here)
-            for slot in mesh.others():
-                answer = await self._ask(slot, lambda hop: hop.core.list_sessions())
-                if isinstance(answer, Sessions):
-                    found += answer.sessions
-            self.core.answer(Sessions(sessions=found))
-        return listing
-
-    def remote_hello(self, grant: str, slot: int) -> Later:
-        """A `hello` with a grant another worker made: that worker admits it, or not."""
-        async def hello() -> None:
-            try:
-                hop = await self._hop(slot, grant)
-            except RequestError as exc:
-                self.core.close(exc)
-                self._stop_reading()
-                return
-            self.core.accept_hello(SERVER_NAME, hop.welcome.grant)
-        return hello
-
-    async def _ask(self, slot: int, frame: object) -> Message | None:
+    async def _ask(self, handler: ConnectionHandler,
+                   slot: int, frame: Callable[[Hop], bytes]) -> Message | None:
         try:
-            hop = await self._hop(slot)
+            hop = await self._hop(handler, slot)
         except RequestError:
             return None
-        return await hop.ask(frame(hop))  # type: ignore[operator]
+        return await hop.ask(frame(hop))
 
-    def _answer(self, answer: Message | None, kind: type) -> None:
+    def _answer(self, handler: ConnectionHandler, answer: Message | None, kind: type) -> None:
+        core = handler.core
         if isinstance(answer, kind):
-            self.core.answer(answer)  # type: ignore[arg-type]
+            core.answer(answer)  # type: ignore[arg-type]
         elif isinstance(answer, Error):
-            self.core.refuse_request(refusal(answer))
+            core.refuse_request(refusal(answer))
         else:
-            self.core.refuse_request(RequestError(
+            core.refuse_request(RequestError(
                 ErrorCode.BUSY, "the worker that holds it cannot be reached",
                 retry_after_ms=250))
 
-    # --- what the hops say ---------------------------------------------------------------
-
-    def end_remote(self, channel: int, last: Exit | str | None) -> None:
-        """A remote channel's last frame, `exit` or `detached`."""
-        if self.remote is not None:
-            self.remote.pop(channel, None)
-        if isinstance(last, Exit):
-            self.core.send_exit(channel, last)
-        else:
-            self.core.send_detached(channel, last)
-        self._channel_over()
-
-    def hop_lost(self, hop: Hop, error: Error | None) -> None:
+    def _lost(self, handler: ConnectionHandler, hop: Hop) -> None:
         """A link ended under its channels: the far worker restarts or stops (the client is
         told so, as its own worker would tell it), or it died (each session's `exit` with
         code -1 and an error: its status cannot be learned)."""
-        channels = sorted(hop.channels)
+        routes = [hop.channels[channel] for channel in sorted(hop.channels)]
         hop.channels.clear()
+        error = hop.error
         if error is not None and error.code in (ErrorCode.SERVER_RESTARTING,
                                                  ErrorCode.SHUTTING_DOWN):
-            self.core.close(refusal(error))
-            self._stop_reading()
-            self.flush()
+            handler.close(refusal(error))
             return
-        for channel in channels:
-            self.end_remote(channel, Exit(code=-1, error=WORKER_LOST))
-        self.flush()
-
-    def close_hops(self) -> None:
-        """The connection ends: every link closes (the far sessions go on, detached)."""
-        if self._hops is not None:
-            for hop in self._hops.values():
-                hop.close()
-        self.remote = None
-
+        for route in routes:
+            handler.end_channel(route, Exit(code=-1, error=WORKER_LOST))
+        handler.flush()

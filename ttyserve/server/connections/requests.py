@@ -1,14 +1,13 @@
-"""What a client asks of sessions, answered for one connection: open, attach or watch,
-cancel, detach, release, list, share and unshare; and its channels let go at its end.
-
-A part of `ConnectionHandler` (handler.py), apart for size: a mixin with no state of its
-own, which reads and changes the handler's channel table and answers through its core.
+"""What a client asks of sessions, answered in this process: open, attach or watch,
+release, list, share and unshare. Where sessions may live in other workers, the
+connection's requests are a `WorkerRequests` (remote.py) instead, which answers here what
+is here and sends the rest on: the mode is chosen once, when the connection is made.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import cast
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -16,200 +15,157 @@ from ...errors import ErrorCode, RequestError
 from ...protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
 from ...protocol.server import (
     AttachRequested,
-    CancelRequested,
-    DetachRequested,
     ListRequested,
     OpenRequested,
     ReleaseRequested,
-    ServerConnection,
     ShareRequested,
     UnshareRequested,
 )
-from ..auth import Peer
-from ..channels.attachment import Attachment, ChannelHost
+from ..channels.attachment import Attachment
 from ..channels.observer import Observer
-from ..grants import Grant
-from ..journal import SessionAttach, SessionDetach
-from ..registry.registry import SessionRegistry
+from ..channels.route import Later
+from ..journal import SessionAttach
 from ..sessions.session import ServerSession
-from .remote import LINK_LET_GO, RemoteRequests
-from .waits import Later
+
+if TYPE_CHECKING:
+    from .handler import ConnectionHandler
+
+LINK_LET_GO = 0.5  # seconds a writer attached over a link has to let go (docs/design.md)
 
 
-class SessionRequests(RemoteRequests):
-    """The handler's answers to what its client asks of sessions."""
+class SessionRequests:
+    """The answers to what a client asks of sessions in this process; stateless, so one
+    serves every connection (`HERE`), which it is handed with each request."""
 
-    core: ServerConnection
-    registry: SessionRegistry
-    attachments: dict[int, Attachment | Observer]
-    principal: str
-    grant: Grant | None
-    peer: Peer
+    __slots__ = ()
 
-    def open_requested(self, event: OpenRequested) -> Later | None:
-        return None if self._open_now(event) else functools.partial(self._open, event)
-
-    def cancel_requested(self, event: CancelRequested) -> None:
-        """The core has ended the channel: its session is cancelled."""
-        self.remote_cancel(event.channel)
-        attachment = self.attachments.pop(event.channel, None)
-        if attachment is not None:
-            attachment.leave()
-            attachment.session.cancel()
-
-    def release_requested(self, event: ReleaseRequested) -> Later | None:
-        if (slot := self.elsewhere(event.session)) is not None:
-            return self.remote_release(event.session, slot)
-        if self.grant is None or self.registry.grants.live(self.grant):
-            self.registry.release(event.session, self.principal)
+    def hello_elsewhere(self, handler: ConnectionHandler, grant: str) -> Later | None:
+        """The admission of a `hello` whose grant another worker made (none here)."""
         return None
 
-    def list_requested(self, event: ListRequested) -> Later | None:
-        here = self.registry.listing(self.principal)
-        if self.spans_workers:
-            return self.remote_list(here)
-        self.core.answer(Sessions(sessions=here))
+    def close(self, handler: ConnectionHandler) -> None:
+        """The connection ends (nothing of its own to let go here)."""
+
+    def open_requested(self, handler: ConnectionHandler, event: OpenRequested) -> Later | None:
+        if self._open_now(handler, event):
+            return None
+        return functools.partial(self._open, handler, event)
+
+    def release_requested(self, handler: ConnectionHandler,
+                          event: ReleaseRequested) -> Later | None:
+        if handler.grant is None or handler.registry.grants.live(handler.grant):
+            handler.registry.release(event.session, handler.principal)
         return None
 
-    def _open_now(self, event: OpenRequested) -> bool:
+    def list_requested(self, handler: ConnectionHandler, event: ListRequested) -> Later | None:
+        handler.core.answer(Sessions(sessions=handler.registry.listing(handler.principal)))
+        return None
+
+    def _open_now(self, handler: ConnectionHandler, event: OpenRequested) -> bool:
         """Answer an `open` that needs no waiting (no journal to write first); False when it
         has to be awaited (`_open`)."""
         try:
-            session = self.registry.open_nowait(event.request, self.principal, str(self.peer),
-                                                len(self.attachments))
+            session = handler.registry.open_nowait(event.request, handler.principal,
+                                                   str(handler.peer), len(handler.routes))
         except RequestError as exc:
-            self.core.refuse(event.channel, exc)
+            handler.core.refuse(event.channel, exc)
             return True
         if session is None:
             return False
-        self._opened(event.channel, session)
+        self._opened(handler, event.channel, session)
         return True
 
-    async def _open(self, event: OpenRequested) -> None:
+    async def _open(self, handler: ConnectionHandler, event: OpenRequested) -> None:
         try:
-            session = await self.registry.open(event.request, self.principal, str(self.peer),
-                                               len(self.attachments))
+            session = await handler.registry.open(event.request, handler.principal,
+                                                  str(handler.peer), len(handler.routes))
         except RequestError as exc:
-            self.core.refuse(event.channel, exc)
+            handler.core.refuse(event.channel, exc)
             return
-        self._opened(event.channel, session)
+        self._opened(handler, event.channel, session)
 
-    def _opened(self, channel: int, session: ServerSession) -> None:
+    def _opened(self, handler: ConnectionHandler, channel: int, session: ServerSession) -> None:
         """`opened`, and the session runs, attached to ``channel``."""
-        attachment = Attachment(cast(ChannelHost, self), channel, session)
-        self.attachments[channel] = attachment
+        attachment = Attachment(handler, channel, session)
+        handler.routes[channel] = attachment
         session.attach(attachment)
-        self.registry.start(session)
-        if not self.core.opened(channel, Opened(
+        handler.registry.start(session)
+        if not handler.core.opened(channel, Opened(
                 pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
                 session=session.id if session.detachable else None)):
-            self.attachments.pop(channel, None)  # the connection closed meanwhile
+            handler.routes.pop(channel, None)  # the connection closed meanwhile
             attachment.released = True
             session.cancel()
 
-    def attach_requested(self, event: AttachRequested, patient: bool = True) -> Later | None:
+    def attach_requested(self, handler: ConnectionHandler,
+                         event: AttachRequested, patient: bool = True) -> Later | None:
         """Take over a detachable session, or watch it (section 11): `attached`, its
-        scrollback, then live output; over a hop where it lives in another worker."""
+        scrollback, then live output."""
         request, channel = event.request, event.channel
-        if (slot := self.elsewhere(request.session)) is not None:
-            return self.remote_attach(channel, request, slot)
         try:
-            session = self.registry.attach(request, self.principal, len(self.attachments),
-                                           self.grant)
+            session = handler.registry.attach(request, handler.principal, len(handler.routes),
+                                              handler.grant)
         except RequestError as exc:
-            if patient and exc.code == ErrorCode.SESSION_IN_USE and self._held_by_link(
-                    request.session):
-                return functools.partial(self._attach_once_let_go, event)
-            self.core.refuse(channel, exc)
+            if patient and exc.code == ErrorCode.SESSION_IN_USE and (
+                    held := _held_over_link(handler, request.session)) is not None:
+                return functools.partial(self._attach_once_let_go, handler, event, held)
+            handler.core.refuse(channel, exc)
             return None
-        grant = self.grant.id if self.grant is not None else None
+        grant = handler.grant.id if handler.grant is not None else None
         if request.role == OBSERVER:  # its size is not the terminal's
-            Observer.attach(cast(ChannelHost, self), channel, session, request.offsets, grant)
+            Observer.attach(handler, channel, session, request.offsets, grant)
         else:
             if session.final is None and (request.rows or request.cols):
                 rows, cols = session.size
                 session.resize(request.rows or rows, request.cols or cols)
-            Attachment.attach(cast(ChannelHost, self), channel, session, request.offsets,
-                              grant)
-        self.registry.note_soon(session, SessionAttach, str(self.peer), role=request.role,
-                                grant=grant)
+            Attachment.attach(handler, channel, session, request.offsets, grant)
+        handler.registry.note_soon(session, SessionAttach, str(handler.peer),
+                                   role=request.role, grant=grant)
         return None
 
-    def _held_by_link(self, session_id: str) -> bool:
-        """Whether the session's writer came over a link from another worker."""
-        session = self.registry.sessions.get(session_id)
-        sink = session.sink if session is not None else None
-        return bool(getattr(getattr(sink, "host", None), "link", False))
-
-    async def _attach_once_let_go(self, event: AttachRequested) -> None:
+    async def _attach_once_let_go(self, handler: ConnectionHandler,
+                                  event: AttachRequested, session: ServerSession) -> None:
         """An attach that meets a writer from another worker: a client that has just left
         that worker's connection and come back here may be quicker than the news of its
         leaving (the link's end), which it would meet as `session_in_use` where a single
         process would not; such a writer is given LINK_LET_GO seconds to let go."""
-        deadline = anyio.current_time() + LINK_LET_GO
-        while self._held_by_link(event.request.session) and anyio.current_time() < deadline:
-            await anyio.sleep(LINK_LET_GO / 50)
-        self.attach_requested(event, patient=False)
+        with anyio.move_on_after(LINK_LET_GO):
+            await session.wait_writer_gone()
+        self.attach_requested(handler, event, patient=False)
 
-    def share_requested(self, event: ShareRequested) -> Later | None:
-        if (slot := self.elsewhere(event.request.session)) is not None:
-            return self.remote_share(event.request, slot)
+    def share_requested(self, handler: ConnectionHandler, event: ShareRequested) -> Later | None:
         try:
-            secret, grant = self.registry.share(event.request, self.principal, str(self.peer))
+            secret, grant = handler.registry.share(event.request, handler.principal,
+                                                   str(handler.peer))
         except RequestError as exc:
-            self.core.refuse_request(exc)
+            handler.core.refuse_request(exc)
             return None
-        self.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
-                                expires=grant.expires_at, id=grant.id))
+        handler.core.answer(Shared(session=grant.session, grant=secret, role=grant.role,
+                                   expires=grant.expires_at, id=grant.id))
         return None
 
-    def unshare_requested(self, event: UnshareRequested) -> Later | None:
-        name, mesh = event.request.grant, self.mesh
-        elsewhere = [] if mesh is None or self.link else (
-            [slot] if (slot := mesh.owner(name)) is not None else mesh.others())
-        if mesh is not None and mesh.slot in elsewhere:
-            elsewhere = []
+    def unshare_requested(self, handler: ConnectionHandler,
+                          event: UnshareRequested) -> Later | None:
         try:
-            grant, channels = self.registry.unshare(name, self.principal, str(self.peer))
+            grant, channels = handler.registry.unshare(event.request.grant, handler.principal,
+                                                       str(handler.peer))
         except RequestError as exc:
-            if elsewhere and exc.code == ErrorCode.NO_SUCH_SESSION:
-                return self.remote_unshare(event.request, elsewhere)
-            self.core.refuse_request(exc)
-            return None
-        self.core.answer(Unshared(id=grant.id, channels=channels))
+            return self.unshare_refused(handler, event, exc)
+        handler.core.answer(Unshared(id=grant.id, channels=channels))
         return None
 
-    def detach_requested(self, event: DetachRequested) -> None:
-        channel = event.channel
-        if (hop := self.hop_for(channel)) is not None:
-            self.remote_detach(hop, channel)
-            return
-        attachment = self.attachments.get(channel)
-        if attachment is None:
-            return
-        if not attachment.session.detachable:
-            self.core.refuse(channel, RequestError(
-                ErrorCode.BAD_REQUEST, "this session is not detachable (it was not opened "
-                "with detachable: true); cancel it instead"))
-            return
-        attachment.release()  # `detached`: the channel's last frame
-        self._let_go(attachment)
+    def unshare_refused(self, handler: ConnectionHandler,
+                        event: UnshareRequested, exc: RequestError) -> Later | None:
+        """This worker does not know the grant, or may not end it."""
+        handler.core.refuse_request(exc)
+        return None
 
-    def _leave(self, attachment: Attachment | Observer) -> None:
-        """This connection lets go of a session: a detachable one goes on, detached; any other
-        is cancelled (the client has gone, as `cancel` does)."""
-        self.attachments.pop(attachment.channel, None)
-        attachment.leave()
-        if attachment.session.detachable:
-            self._let_go(attachment)
-        else:
-            attachment.session.cancel()
 
-    def _let_go(self, attachment: Attachment | Observer) -> None:
-        # Noted at once, not left to this task: a client that hangs up right after `detach`
-        # breaks the send of `detached`, and that ends the reader before it could note it.
-        session = attachment.session
-        if isinstance(attachment, Attachment) and session.sink is attachment:
-            session.detach()
-        self.registry.note_soon(session, SessionDetach, str(self.peer), role=attachment.role,
-                                grant=attachment.grant)
+def _held_over_link(handler: ConnectionHandler, session_id: str) -> ServerSession | None:
+    """The session, when its writer came over a link from another worker."""
+    session = handler.registry.sessions.get(session_id)
+    sink = session.sink if session is not None else None
+    return session if isinstance(sink, Attachment) and sink.host.link else None
+
+
+HERE = SessionRequests()  # the requests of a single process's connections, and of links

@@ -50,7 +50,8 @@ class ServerSession:
     __slots__ = (  # (a dict would be 1.5 KiB of each session's memory)
         "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_linger",
         "_linger_timer", "_open_streams", "_pump_tasks", "_pumps", "_redrawn_at", "_scope",
-        "_settled", "_start_task", "_stderr", "_stderr_watch", "_typed_at", "bytes_in",
+        "_settled", "_sink_gone", "_start_task", "_stderr", "_stderr_watch", "_typed_at",
+        "bytes_in",
         "bytes_out", "delivered_at", "detached_at", "detached_timeout", "fault", "id", "key",
         "life", "modes", "observers", "on_delivered", "owner", "peer", "process",
         "released", "ring", "sink", "size", "spec", "started", "stdin", "taps", "typing",
@@ -93,6 +94,7 @@ class ServerSession:
         self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
         self._stderr_watch: Watch | None = None
         self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
+        self._sink_gone: anyio.Event | None = None  # made when an attach waits for a writer
         self._exit_watch: Watch | None = None  # the loop reaps the process (its pidfd)
         self._pump_tasks: list[OutputPump] = []  # pumps with no readiness callbacks
         self._ended: Ended | None = None  # on callbacks alone: told once it is over
@@ -135,7 +137,20 @@ class ServerSession:
         Input the server took and the process has not yet stays queued for it."""
         self.sink = None
         self.detached_at = time.monotonic()
+        self._writer_gone()
         self.sink_ready()
+
+    async def wait_writer_gone(self) -> None:
+        """Return once the session has no writer (it let go, or the session ended)."""
+        while self.sink is not None:
+            if self._sink_gone is None:
+                self._sink_gone = anyio.Event()
+            await self._sink_gone.wait()
+
+    def _writer_gone(self) -> None:
+        if (gone := self._sink_gone) is not None:
+            self._sink_gone = None
+            gone.set()
 
     def sink_ready(self) -> None:
         """The sink takes more (credit, room, its replay ended) or changed: the pumps go on,
@@ -173,6 +188,7 @@ class ServerSession:
         if self.sink is not None:
             self.sink.lost()
             self.sink = None
+            self._writer_gone()
         for observer in list(self.observers):
             observer.finish(self.process.status or LOST)
 
@@ -429,6 +445,7 @@ class ServerSession:
         sink = self.sink
         if sink is not None and sink.live:
             self.sink = None
+            self._writer_gone()
             if sink.send_exit(status):
                 self.life.step(Event.DELIVERED)
                 if self.detachable:
