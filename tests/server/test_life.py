@@ -48,6 +48,28 @@ def test_an_event_is_a_move_ignored_or_refused_as_a_drivers_bug() -> None:
                     life.step(event)
 
 
+def test_a_detached_deadline_abandons_a_running_session_and_lets_an_ended_one_go() -> None:
+    """What a passed deadline means is the life's: a running session is ended (abandoned,
+    unless it was asked to end for another reason first), an ended one is forgotten,
+    whether its exit went out (--keep-ended) or not (uncollected); one being ended waits."""
+    for phase in (Phase.RUNNING, Phase.QUIET, Phase.DRAINING, Phase.SETTLING):
+        life = Life()
+        life.phase = phase
+        assert life.timed_out() is Action.KILL
+        assert (life.phase, life.reason) == (Phase.ENDING, Reason.ABANDONED)
+    hung_up = Life()
+    hung_up.hung_up(Reason.SHUTDOWN)
+    assert hung_up.timed_out() is Action.KILL and hung_up.reason is Reason.SHUTDOWN
+    for phase in (Phase.EXITED, Phase.DELIVERED):
+        life = Life.restored(True, Exit(code=0), delivered=phase is Phase.DELIVERED)
+        assert life.phase is phase
+        assert life.timed_out() is Action.FORGET and life.phase is Phase.GONE
+        assert life.reason is None
+    ending = Life()
+    ending.end(Reason.CANCELLED)
+    assert ending.timed_out() is None and ending.reason is Reason.CANCELLED
+
+
 def test_the_exit_is_final_only_after_the_reap_the_output_and_the_tree() -> None:
     """Whatever order the three come in, FINAL is asked once, by the last of them."""
     for order in ([Event.REAPED, Event.OUTPUT_OVER], [Event.OUTPUT_OVER, Event.REAPED]):
@@ -113,7 +135,7 @@ class SessionLife(RuleBasedStateMachine):
         return self.process.stdout if kind is FrameKind.STDOUT else self.process.stderr
 
     def _step_pumps(self) -> None:
-        for pump in list(self.session._pumps):  # (the stderr pump is made when it is read)
+        for pump in list(self.session.streams.pumps):  # (the stderr pump is made when it is read)
             for _ in range(8):
                 if pump.step() is not Stall.READABLE or pump.done:
                     break

@@ -33,6 +33,7 @@ def registered(reg: SessionRegistry, session_id: str = "s1", owner: str = "uid:0
                detachable: bool = True) -> ServerSession:
     session, _ = make_session(session_id=session_id, owner=owner, detachable=detachable)
     session.detached_timeout = reg.settings.detached_timeout  # as the registry opens it
+    session.on_forget = reg.forget
     reg.sessions[session.id] = session
     return session
 
@@ -129,9 +130,9 @@ async def test_open_refuses_beyond_the_limits_and_while_shutting_down(tmp_path: 
             with pytest.raises(RequestError) as info:
                 await reg.open(Open(), "uid:0", "test", sessions_here=0)
             assert info.value.code == ErrorCode.SHUTTING_DOWN
-            reg.start(first)
+            reg.ends.start(first)
             with anyio.fail_after(5):
-                await reg.wait_empty()
+                await reg.ends.wait_empty()
 
 
 @pytest.mark.asyncio
@@ -173,9 +174,9 @@ async def test_an_open_held_by_its_start_record_counts_and_is_hung_up_by_a_shutd
                     await answered.wait()
                 (session,) = opened
                 assert session.life.reason is Reason.SHUTDOWN
-                reg.start(session)
+                reg.ends.start(session)
                 with anyio.fail_after(5):
-                    await reg.wait_empty()
+                    await reg.ends.wait_empty()
                 assert session.process.status is not None
                 assert session.process.status.signal == "HUP"
     finally:
@@ -215,10 +216,10 @@ async def test_the_start_record_is_on_disk_when_open_returns_and_shares_fsyncs(
                         tg.start_soon(open_one)
                 assert len(writes) == 2  # the first start alone, the other four in one fsync
                 for session in sessions:
-                    reg.start(session)
+                    reg.ends.start(session)
                     session.cancel()
                 with anyio.fail_after(5):
-                    await reg.wait_empty()
+                    await reg.ends.wait_empty()
     finally:
         journal.close()
     ends = [r for r in read_file(str(path)).records if not isinstance(r, SessionStart)]

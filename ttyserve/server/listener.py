@@ -147,8 +147,8 @@ class Server:
                     # since it was started): a leader that exited during the hand-over is
                     # its session's to reap, with its status
                     assert isinstance(backend, ChildBackend), "only children are handed over"
-                    await self.registry.adopted(adopt.sessions, backend, adopt.from_version,
-                                                adopt.grants)
+                    await self.registry.handing_over.adopted(
+                        adopt.sessions, backend, adopt.from_version, adopt.grants)
                 drained = await self._serve(listeners, on_listening, only)
             maintenance.cancel_scope.cancel()
         return drained
@@ -209,7 +209,7 @@ class Server:
                 watch.start_soon(self._cancel_on_stop, watch.cancel_scope)
                 for handler in list(self.handlers):
                     handler.begin_restart()  # each closes once its ending sessions' exits went
-                await registry.end_undetachable(self.settings.upgrade_drain, timeout)
+                await registry.handing_over.end_undetachable(self.settings.upgrade_drain, timeout)
                 for handler in list(self.handlers):
                     handler.begin_restart()  # (those that came meanwhile)
                 with anyio.move_on_after(timeout):
@@ -217,7 +217,7 @@ class Server:
                 for handler in list(self.handlers):  # clients that do not read their last
                     handler.outbox.abort()  # frames
                 await self._until_no_handlers()
-                quiet = await registry.until_quiet(timeout)
+                quiet = await registry.handing_over.until_quiet(timeout)
                 watch.cancel_scope.cancel()
             if self.stopping:
                 log.info("upgrade abandoned: shutting down")
@@ -244,7 +244,7 @@ class Server:
 
     async def _wait_drained(self) -> None:
         await self._until_no_handlers()
-        await self.registry.wait_empty()
+        await self.registry.ends.wait_empty()
 
     @property
     def stopping(self) -> bool:

@@ -84,7 +84,7 @@ class Handover:
         signal mask to restore (``blocked``: the one before the hand-over's)."""
         if blocked is None:
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
-        containment = self.containment
+        containment, handing_over = self.containment, self.registry.handing_over
         return HandoverState(
             version=HANDOVER_VERSION, from_version=__version__,
             listeners=[ListenerState(requested=str(asked), address=str(bound),
@@ -101,8 +101,8 @@ class Handover:
                 memory_max=containment.limits.memory_max,
                 pids_max=containment.limits.pids_max, cpu_max=containment.limits.cpu_max,
                 left=sorted(containment.left)),
-            sessions=self.registry.describe() if dry else self.registry.handover(),
-            grants=self.registry.describe_grants())
+            sessions=handing_over.describe() if dry else handing_over.handover(),
+            grants=handing_over.describe_grants())
 
     async def dry_run(self) -> bool:
         """Start the new code on a state of the shape it would be handed; whether it starts,
@@ -149,8 +149,9 @@ class Handover:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             log.error("upgrade failed: the state cannot be written: %s; serving on", exc)
             return
-        handed = self.registry.handover()  # the same sessions (nothing ran since): the new
-        assert len(handed) == len(state.sessions)  # code's from now on
+        # The same sessions (nothing ran since): the new code's from now on.
+        handed = self.registry.handing_over.handover()
+        assert len(handed) == len(state.sessions)
         descriptors = [*state.descriptors(), *self.keep, fd]
         for kept in descriptors:
             os.set_inheritable(kept, True)
@@ -165,7 +166,7 @@ class Handover:
         os.close(fd)
         for kept in descriptors[:-1]:
             os.set_inheritable(kept, False)
-        self.registry.adopt(state.sessions, backend)
+        self.registry.handing_over.adopt(state.sessions, backend)
 
 
 def check(state: HandoverState | None) -> None:

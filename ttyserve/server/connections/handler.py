@@ -1,15 +1,16 @@
 """One client connection, as I/O only: feed the core, act on its events, send what it framed.
 
 The protocol core decides every rule; the gate decides who may go on; the
-registry admits and runs sessions. What is left here is the reader loop, the
-handshake deadline, the channel-to-session table and the close. The handler is
+registry admits and runs sessions. What is left here is the handshake deadline,
+the channel-to-route table, the attachments' host and the close. The handler is
 the one object that drives the connection's core: it frames what sessions send
-through their attachments, and it ends channels itself (cancel, detach, the
-connection's end), so a keystroke, a grant of credit and a detach each go one
-way through the layers. What the client sends on a channel goes to the channel's route
-(channels/route.py), wherever its session lives. Two parts own what they answer: the
-requests about sessions (requests.py; remote.py where other workers hold some), and the
-checks of the client, its `hello` and its heartbeat (peer_checks.py).
+through their attachments (and what a hop relays), and it ends channels itself
+(cancel, detach, the connection's end), so a keystroke, a grant of credit and a
+detach each go one way through the layers. What the client sends on a channel
+goes to the channel's route (channels/route.py), wherever its session lives.
+Three parts own what they do: the reading of the client (reader.py), the
+requests about sessions (requests.py; remote.py where other workers hold some),
+and the checks of the client, its `hello` and its heartbeat (peer_checks.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import anyio
 import anyio.abc
 
-from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SERVER_RECEIVE, SOON_BYTES
+from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SOON_BYTES
 from ...errors import RemoteProtocolError, RequestError
 from ...protocol.frames import FrameKind
 from ...protocol.messages import Attached, Exit, Offsets
@@ -46,14 +46,9 @@ from ...protocol.server import (
     UnshareRequested,
 )
 from ...transport.outbox import Outbox, TaskStarter
-from ...transport.readiness import ReadableService
 from ...transport.splice import discard
 from ...transport.streams import (
     Buffer,
-    PipeTransport,
-    ReadsNowait,
-    SocketTransport,
-    TaskNeeded,
     Transport,
     close_gracefully,
 )
@@ -65,20 +60,17 @@ from ..journal import SessionDetach
 from ..registry.registry import SessionRegistry, restarting, shutting_down
 from ..sessions.stdin import StdinQueue
 from .peer_checks import PeerChecks
+from .reader import ClientReader
 from .remote import WorkerRequests
 from .requests import HERE, SessionRequests
 
 log = logging.getLogger("ttyserve")
 
-T = TypeVar("T")
-_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 class ConnectionHandler:
     """Serves one connection from `hello` to close."""
 
-    _task_read = False  # the callback met what only the task's `receive` can do (set on
-    # the instance only then: a connection's attributes are memory per session)
     _restarting = False  # an upgrade: closes with `server_restarting` (section 12)
 
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
@@ -89,14 +81,7 @@ class ConnectionHandler:
         principal (None: its `hello` carries a grant to check here)."""
         settings = registry.settings
         self.transport = transport
-        # A socket, pipe or plain WebSocket is read from the loop's readiness callback
-        # after the handshake.
-        self._socket: ReadsNowait | None = None
-        if getattr(transport, "reads_nowait", False):
-            self._socket = cast(ReadsNowait, transport)
-        self._service = ReadableService()  # the reader's wait there, which `_stop_reading` ends
-        self._stopped = False  # the reader is to stop: the connection closes
-        self._discarding = False  # closed from the readiness callback: it drains the client
+        self.reader = ClientReader(transport)
         self.peer = peer
         self.registry = registry
         self.gate = gate
@@ -104,16 +89,12 @@ class ConnectionHandler:
                                      output_frame=OUTPUT_CHUNK)
         self.routes: dict[int, Route] = {}  # what each open channel is attached to
         self._handshake_timeout = settings.handshake_timeout
-        self.deadline = math.inf  # the handshake's, while it lasts
         self._on_closed = on_closed
-        self._wait_scope: anyio.CancelScope | None = None  # a wait `_stop_reading` cuts short
-        self._first_read = True
         # The writer task, when one is needed, runs beside the connection's own.
         self.outbox = Outbox(transport, on_broken=self._stop_reading, on_room=self._room)
         self.outbox.attach(tasks)
         self.tasks = tasks
         self.over = False
-        self.paused = False  # the reader waits for something of ours, not for the client
         self.principal = ""  # whom it acts as, once `hello` is accepted (section 9)
         self.grant: Grant | None = None  # what admitted it instead of the token (section 11)
         self._draining = False
@@ -122,7 +103,6 @@ class ConnectionHandler:
         self.requests: SessionRequests = (
             WorkerRequests(mesh) if mesh is not None and mesh.workers > 1
             and not self.checks.link else HERE)
-        self._later: Later | None = None  # what the readiness callback left the reader task
         self._unflushed = 0  # output framed by `send_output_soon` and not handed on yet
         self._flush_soon = False  # a flush at the end of this turn of the loop is due
 
@@ -131,20 +111,21 @@ class ConnectionHandler:
     async def run(self) -> None:
         """Serve until the client leaves, breaks the protocol, or its one session ends."""
         try:
-            self.deadline = anyio.current_time() + self._handshake_timeout
-            await self._read_loop()
+            reader = self.reader
+            reader.deadline = anyio.current_time() + self._handshake_timeout
+            await reader.run(self)
             if not self.core.handshake_done and not self.core.closing and (
-                    anyio.current_time() >= self.deadline):
+                    anyio.current_time() >= reader.deadline):
                 log.info("%s: no hello and open in time: dropped", self.peer)
                 self.core.close(RemoteProtocolError(
                     f"no {'open' if self.core.hello else 'hello'} within "
                     f"{self._handshake_timeout:g} s"))
-            self._end_channels()
+            self.end_channels()
             self.outbox.close()
             # The session's last frames go out however slowly the client reads;
             # a client that never reads holds only its own connection.
             await self.outbox.wait_done()
-            if not self.outbox.broken and not self._discarding:  # (else done already)
+            if not self.outbox.broken and not reader.discarding:  # (else done already)
                 # A WebSocket says 1002 after a protocol error.
                 await close_gracefully(self.transport, CLOSE_TIMEOUT, functools.partial(
                     self.transport.send_eof, protocol_error=self.core.error is not None))
@@ -184,37 +165,10 @@ class ConnectionHandler:
         return any(route.ends_on_upgrade for route in self.routes.values())
 
     def _stop_reading(self) -> None:
-        """The connection is to close: the reader stops, woken where it waits for the client
-        (the common case, and no cancellation), or cut short where it waits for anything
-        else. Where it waits in the readiness callback and nothing is left to send, the
-        close is done there and then, and the same callback drains the client."""
-        self._stopped = True
-        if self._close_in_callback():
-            return
-        if not self._service.wake() and self._wait_scope is not None:
-            self._wait_scope.cancel()
+        """The connection is to close: the reader stops (reader.py)."""
+        self.reader.stop(self)
 
-    def _close_in_callback(self) -> bool:
-        """The close (`run`'s, after the reader), from the socket's readiness callback: our
-        EOF, then the client's bytes dropped until its EOF (or CLOSE_TIMEOUT), with no hop
-        to the task and no second watch of the socket; False where it cannot be done so."""
-        socket = self._socket
-        if (not isinstance(socket, SocketTransport | PipeTransport) or not self._service.serving
-                or self.outbox.broken or not self.outbox.idle):
-            return False  # (a WebSocket's close is a message: the task sends it)
-        self._end_channels()
-        if not self.outbox.idle:
-            return False  # what the core framed last waits to be sent: the task does the rest
-        self.outbox.close()
-        try:
-            socket.send_eof_nowait()
-        except anyio.BrokenResourceError:
-            return False
-        self._discarding = True
-        self._service.end_by(anyio.current_time() + CLOSE_TIMEOUT)
-        return True
-
-    def _end_channels(self) -> None:
+    def end_channels(self) -> None:
         """The close: nothing more is framed (what is framed still goes out), and every
         session is let go, as `cancel` does, or `detach` (section 9)."""
         self.core.close()
@@ -233,17 +187,6 @@ class ConnectionHandler:
         self.core.close(error)
         self._stop_reading()
         self.flush()
-
-    async def interruptibly(self, wait: Awaitable[T], deadline: float = math.inf) -> T | None:
-        """``wait``, unless `_stop_reading` or ``deadline`` cuts it short (then None)."""
-        with anyio.CancelScope(deadline=deadline) as self._wait_scope:
-            if self._stopped:
-                self._wait_scope.cancel()
-            try:
-                return await wait
-            finally:
-                self._wait_scope = None
-        return None
 
     # --- the attachments' host: the one place this connection's frames are made ---------
 
@@ -334,7 +277,7 @@ class ConnectionHandler:
     def until_room(self, stdin: StdinQueue) -> Later | None:
         window = self.core.stdin_window
         if stdin.over(window):
-            return lambda: self.interruptibly(stdin.wait_room(window))
+            return lambda: self.reader.interruptibly(stdin.wait_room(window))
         return None
 
     def let_go(self, route: SessionChannel) -> None:
@@ -343,7 +286,7 @@ class ConnectionHandler:
         session = route.session
         if session.sink is cast(object, route):  # (an observer is never the sink)
             session.detach()
-        self.registry.note_soon(session, SessionDetach, str(self.peer), role=route.role,
+        self.registry.ends.note_soon(session, SessionDetach, str(self.peer), role=route.role,
                                 grant=route.grant)
 
     def end_channel(self, route: Route, last: Exit | str | None) -> bool:
@@ -371,102 +314,7 @@ class ConnectionHandler:
         for route in list(self.routes.values()):
             route.resume()
 
-    # --- reader ------------------------------------------------------------
-
-    async def _read_loop(self) -> None:
-        core = self.core
-        while not (core.closing or self._stopped or anyio.current_time() >= self.deadline):
-            try:
-                data = await self._receive()
-            except _GONE:
-                return
-            except RemoteProtocolError as exc:  # the carriage was misused
-                log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-                core.close(exc)
-                return
-            if data is not None:
-                if (heartbeat := self.checks.heartbeat) is not None:
-                    heartbeat.last_received = time.monotonic()
-                core.receive_data(data)
-            self.paused = True
-            try:
-                if (later := self._later) is not None:
-                    self._later = None
-                    await later()
-                while (event := core.next_event()) is not None:
-                    if (later := self._act(event)) is not None:
-                        await later()
-            except RemoteProtocolError as exc:
-                log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-            if core.handshake_done:
-                self.deadline = math.inf
-            self.flush()
-            await self.outbox.wait_for_room()
-            self.paused = False
-
-    async def _receive(self) -> bytes | None:
-        """The client's next bytes; None when the readiness callback read them and left this
-        task the part that has to wait (`_later`, a full send queue, the close)."""
-        socket = self._socket
-        if socket is not None and not self._task_read:
-            try:  # the client's hello (and open) are usually here already
-                if self._first_read or socket.pending:
-                    self._first_read = False
-                    if (data := socket.receive_nowait(SERVER_RECEIVE)) is not None:
-                        return data
-            except TaskNeeded:
-                self._task_read = True
-            else:
-                if not await self._service.serve(socket.fileno(), self._readable,
-                                                 self.deadline):
-                    self._socket = None  # no readiness callbacks on this loop: the ordinary way
-                elif not self._task_read:
-                    return None
-        if self._task_read:
-            self._task_read = False
-        return await self.interruptibly(self.transport.receive(SERVER_RECEIVE), self.deadline)
-
-    def _readable(self) -> bool:
-        """The keystroke path, run by the event loop when the socket is readable: read, act
-        on what needs no waiting, send what that framed; False to wake the reader task for
-        the rest. What reading raises is raised in the task, as `receive` would."""
-        core, socket = self.core, self._socket
-        assert socket is not None
-        if self._discarding:  # closed: what the client still sends is dropped until its EOF
-            try:
-                socket.receive_nowait(SERVER_RECEIVE)
-            except _GONE:
-                return False
-            return True
-        if core.closing or self._stopped:
-            return False
-        try:
-            data = socket.receive_nowait(SERVER_RECEIVE)
-        except TaskNeeded:
-            self._task_read = True
-            return False
-        if data is None:
-            return True
-        if (heartbeat := self.checks.heartbeat) is not None:
-            heartbeat.last_received = time.monotonic()
-        core.receive_data(data)
-        try:
-            while (event := core.next_event()) is not None:
-                if (later := self._act(event)) is not None:
-                    self._later = later
-                    break
-        except RemoteProtocolError as exc:
-            log.info("%s: %s: %s", self.peer, exc.code, exc.message)
-        except Exception as exc:  # a fault: raised in the task, as if it had acted
-            self._later = functools.partial(_raise, exc)
-        self.flush()
-        if self._discarding:  # closed by what it just read: this callback drains the client
-            self._later = None
-            return True
-        return (self._later is None and not core.closing and not self._stopped
-                and self.outbox.has_room and not socket.pending)
-
-    def _act(self, event: ServerEvent) -> Later | None:
+    def act(self, event: ServerEvent) -> Later | None:
         """Act on ``event`` as far as needs no waiting; what is left to await, if anything."""
         act = _ACTS.get(type(event))
         return act(self, event) if act is not None else None
@@ -493,10 +341,6 @@ class ConnectionHandler:
         """The core has ended the channel: its session is cancelled."""
         if (route := self.routes.pop(event.channel, None)) is not None:
             route.cancel()
-
-
-async def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 # What each event of the core does (the rest: nothing).

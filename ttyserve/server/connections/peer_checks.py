@@ -53,15 +53,15 @@ class PeerChecks:
     async def _hello(self, handler: ConnectionHandler, event: HelloReceived,
                      delay: float) -> None:
         """A peer that keeps guessing waits longer each time (and has as long more)."""
-        await handler.interruptibly(anyio.sleep(delay))
-        handler.deadline += delay
+        await handler.reader.interruptibly(anyio.sleep(delay))
+        handler.reader.deadline += delay
         self._answer_hello(handler, event)
 
     def _answer_hello(self, handler: ConnectionHandler, event: HelloReceived) -> None:
         try:
             if event.hello.grant is not None:  # a grant stands for the token (section 11)
                 handler.grant = handler.gate.admit_grant(handler.peer, event.hello.grant,
-                                                         handler.registry.grants)
+                                                         handler.registry.sharing.grants)
                 handler.principal = handler.grant.owner
             elif self._linked is not None:
                 handler.principal = self._linked
@@ -88,7 +88,7 @@ class PeerChecks:
         """Whether the client's bytes wait unread because we stopped reading them (a full
         send queue, or a process that does not take its input, holds the reader back): a
         client we do not read is not a dead one."""
-        if not (handler.paused or not handler.outbox.has_room):
+        if not (handler.reader.paused or not handler.outbox.has_room):
             return False
         try:
             fd = handler.transport.fileno()

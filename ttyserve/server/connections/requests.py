@@ -53,7 +53,7 @@ class SessionRequests:
 
     def release_requested(self, handler: ConnectionHandler,
                           event: ReleaseRequested) -> Later | None:
-        if handler.grant is None or handler.registry.grants.live(handler.grant):
+        if handler.grant is None or handler.registry.sharing.grants.live(handler.grant):
             handler.registry.release(event.session, handler.principal)
         return None
 
@@ -89,7 +89,7 @@ class SessionRequests:
         attachment = Attachment(handler, channel, session)
         handler.routes[channel] = attachment
         session.attach(attachment)
-        handler.registry.start(session)
+        handler.registry.ends.start(session)
         if not handler.core.opened(channel, Opened(
                 pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
                 session=session.id if session.detachable else None)):
@@ -119,7 +119,7 @@ class SessionRequests:
                 rows, cols = session.size
                 session.resize(request.rows or rows, request.cols or cols)
             Attachment.attach(handler, channel, session, request.offsets, grant)
-        handler.registry.note_soon(session, SessionAttach, str(handler.peer),
+        handler.registry.ends.note_soon(session, SessionAttach, str(handler.peer),
                                    role=request.role, grant=grant)
         return None
 
@@ -135,7 +135,7 @@ class SessionRequests:
 
     def share_requested(self, handler: ConnectionHandler, event: ShareRequested) -> Later | None:
         try:
-            secret, grant = handler.registry.share(event.request, handler.principal,
+            secret, grant = handler.registry.sharing.share(event.request, handler.principal,
                                                    str(handler.peer))
         except RequestError as exc:
             handler.core.refuse_request(exc)
@@ -147,8 +147,8 @@ class SessionRequests:
     def unshare_requested(self, handler: ConnectionHandler,
                           event: UnshareRequested) -> Later | None:
         try:
-            grant, channels = handler.registry.unshare(event.request.grant, handler.principal,
-                                                       str(handler.peer))
+            grant, channels = handler.registry.sharing.unshare(
+                event.request.grant, handler.principal, str(handler.peer))
         except RequestError as exc:
             return self.unshare_refused(handler, event, exc)
         handler.core.answer(Unshared(id=grant.id, channels=channels))

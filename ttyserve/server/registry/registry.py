@@ -4,9 +4,9 @@ hang-up at shutdown, the detached timeout.
 A connection asks the registry to open a session, or to attach to one, and
 attaches a channel to it; the session runs on the loop's callbacks or in the
 registry's task group, never the connection's, so a session can outlive the
-connection that opened it. Three parts live apart, for size: where sessions run and what
-their ends leave (session_ends.py), grants (sharing.py), and an upgrade in place
-(handing_over.py).
+connection that opened it. Three parts own what they do: where sessions run and what
+their ends leave (`ends`, session_ends.py), grants (`sharing`, sharing.py), and an
+upgrade in place (`handing_over`, handing_over.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ..journal import (
     SessionEnd,
 )
 from ..mesh import Mesh
-from ..sessions.life import Event
+from ..sessions.life import Phase
 from ..sessions.recording import start_recording
 from ..sessions.scrollback import OffsetBeyondOutput
 from ..sessions.session import ServerSession
@@ -85,7 +85,7 @@ def _spawn_failed(exc: OSError, peer: str) -> RequestError:
                         errno=exc.errno or errno.EIO)
 
 
-class SessionRegistry(SessionEnds, Sharing, HandingOver):
+class SessionRegistry:
     """Every live session of one server, by id."""
 
     def __init__(self, settings: ServerSettings, backend: Backend,
@@ -101,20 +101,19 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
         self.sessions = SessionsHere(mesh.census if mesh is not None else None)
-        self.grants = Grants(self._id_prefix)  # section 11: who may attach without the token
+        self.sharing = Sharing(self, Grants(self._id_prefix))  # section 11: grants
+        self.ends = SessionEnds(self)  # where sessions run, and what their ends leave
+        self.handing_over = HandingOver(self)  # an upgrade in place (section 12)
         self.typing = Typing()  # interactive first: while anyone types, others read small
         self.closing = False  # a graceful shutdown began: no new sessions
         self._killing = False  # ...and its kill grace is over: what still runs is killed
         self.restarting = False  # an upgrade in place began: no new sessions or attaches
         self.keys = IdempotencyKeys(mesh.census if mesh is not None else None)  # section 13
-        self._noting = 0  # detach and attach records not written yet
-        self._running = 0
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._tasks: Tasks | None = None  # sessions and their input pumps run here
-        self._emptied: anyio.Event | None = None
+        self.task_group: anyio.abc.TaskGroup | None = None
+        self.tasks: Tasks | None = None  # sessions and their input pumps run here
         self._replan: anyio.Event | None = None  # the sweeper waits: a deadline moved
         self._journal_id = JournalIds(SESSION + self._id_prefix if mesh is not None else "")
-        self._kill_leftovers = settings.leftovers == "kill"
+        self.kill_leftovers = settings.leftovers == "kill"
         self._default_argv = settings.default_argv  # each read of these makes them anew
         self._policy = settings.policy
 
@@ -123,10 +122,10 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         """The task group sessions run in; on the way out (a forced shutdown too), every
         session still running is ended (killed and reaped) and its end written."""
         async with anyio.create_task_group() as tg:
-            self._task_group = tg
+            self.task_group = tg
             tg.start_soon(self._sweep)
             try:
-                async with open_tasks(tg) as self._tasks:
+                async with open_tasks(tg) as self.tasks:
                     try:
                         yield self
                     finally:
@@ -134,7 +133,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             await self._end_all()
             finally:
                 tg.cancel_scope.cancel()
-                self._task_group = self._tasks = None
+                self.task_group = self.tasks = None
 
     # --- admission ----------------------------------------------------------------------
 
@@ -180,7 +179,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                 process = await self.backend.spawn(spec)
             except OSError as exc:
                 failure = exc.errno
-                await self._record(lambda journal: journal.append(
+                await self.ends.record(lambda journal: journal.append(
                     journal.start_record(session_id, peer, spec.argv, spec.pty, None),
                     SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
                                errno=failure)))
@@ -190,9 +189,9 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             session.key = request.idempotency_key
             # Shielded: a cancel now must not leave a process without its record, nor its
             # owner.
-            session.life.recorded = await self._record(lambda journal: journal.append(
+            session.life.started(await self.ends.record(lambda journal: journal.append(
                 journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
-                                     process.cgroup_path)))
+                                     process.cgroup_path))))
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -248,20 +247,21 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
 
     def _session(self, session_id: str, process: ProcessHandle, spec: ProcessSpec, owner: str,
                  peer: str, detachable: bool, detached_timeout: int | None) -> ServerSession:
-        session = ServerSession(session_id, process, spec, peer, self._start_task,
+        session = ServerSession(session_id, process, spec, peer, self.ends.start_task,
                                 linger=self.settings.linger, owner=owner,
                                 scrollback=self.settings.scrollback if detachable else None,
                                 detached_timeout=detached_timeout or self.settings.detached_timeout,
-                                kill_leftovers=self._kill_leftovers, typing=self.typing)
-        session.on_delivered = self._delivered  # (told the session: no cycle through it)
+                                kill_leftovers=self.kill_leftovers, typing=self.typing)
+        session.on_delivered = self.delivered  # (told the session: no cycle through it)
+        session.on_forget = self.forget
         return session
 
     def _admitted(self, session: ServerSession) -> ServerSession:
         settings = self.settings
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
+        assert self.task_group is not None, "SessionRegistry.running() is not entered"
         if settings.record is not None:
             start_recording(session, settings.record, settings.record_input,
-                            self._task_group)
+                            self.task_group)
         self.sessions[session.id] = session
         self.keys.opened(session.owner, session.key, session.id)
         if self.closing:  # the shutdown began while it was spawned: hung up as the others
@@ -284,11 +284,11 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         if self.restarting:
             raise restarting()
         if grant is not None:
-            if not self.grants.live(grant):
+            if not self.sharing.grants.live(grant):
                 raise RequestError(ErrorCode.UNAUTHORIZED, "the grant this connection came "
                                    "with has expired or was revoked")
             owner = grant.owner
-        session = self._owned(request.session, owner)
+        session = self.owned(request.session, owner)
         observing = request.role == OBSERVER
         if observing:
             limit = self.settings.max_observers
@@ -310,7 +310,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
             self.cut(session, previous, STOLEN)
         return session  # (the sweeper plans again with the attach's `note_soon`)
 
-    def _owned(self, session_id: str, owner: str) -> ServerSession:
+    def owned(self, session_id: str, owner: str) -> ServerSession:
         """``owner``'s detachable session, not being ended; RequestError no_such_session for
         anything else (unknown, expired, not detachable, another principal's: alike, so
         its existence is not revealed)."""
@@ -328,7 +328,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         channel.release(reason)
         if session.sink is channel:
             session.detach()
-        self.note_soon(session, SessionDetach, channel.peer, role=channel.role,
+        self.ends.note_soon(session, SessionDetach, channel.peer, role=channel.role,
                        grant=channel.grant, reason=reason)
 
     def listing(self, owner: str) -> list[SessionInfo]:
@@ -337,7 +337,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
                             started=s.started, attached=s.sink is not None,
                             exit=members(s.final) if s.final else None,
                             observers=len(s.observers),
-                            grants=[grant.info() for grant in self.grants.of_session(s.id)],
+                            grants=[grant.info() for grant in self.sharing.grants.of_session(s.id)],
                             offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
                                             stderr=s.ring.end[FrameKind.STDERR])
                             if s.ring is not None else None, idempotency_key=s.key,
@@ -352,24 +352,25 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         if self._replan is not None:
             self._replan.set()
 
-    def _forget(self, session: ServerSession) -> None:
-        session.life.step(Event.FORGOTTEN)
+    def forget(self, session: ServerSession) -> None:
+        session.forgotten()
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.keys.release(session.owner, session.key)
-            for grant in self.grants.of_session(session.id):  # a grant ends with its session
-                self.grants.remove(grant)
+            grants = self.sharing.grants
+            for grant in grants.of_session(session.id):  # a grant ends with its session
+                grants.remove(grant)
 
-    def _kept(self, session: ServerSession) -> bool:
+    def kept(self, session: ServerSession) -> bool:
         """Whether an ended session stays attachable: its exit not delivered yet, or delivered
         less than --keep-ended ago (the client may not have read it)."""
         return session.detachable and session.final is not None and (
             session.delivered_at is None or self.settings.keep_ended > 0)
 
-    def _delivered(self, session: ServerSession) -> None:
+    def delivered(self, session: ServerSession) -> None:
         """An ended session's exit went out: it is kept --keep-ended seconds more."""
-        if session.output_over and not self._kept(session):
-            self._forget(session)
+        if session.output_over and not self.kept(session):
+            self.forget(session)
         else:
             self.deadline_moved()
 
@@ -379,7 +380,7 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         session = self.sessions.get(session_id)
         if (session is not None and session.owner == owner and session.final is not None
                 and session.sink is None):
-            self._forget(session)
+            self.forget(session)
     def sweep(self, now: float) -> float | None:
         """Hang up detached sessions nobody attached for their detached timeout (journal:
         abandoned), drop ended ones whose exit nobody came for, and those whose exit went
@@ -388,27 +389,22 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         keep_ended = self.settings.keep_ended
         nearest: float | None = None
         wall = time.time()
-        if (next_grant := self._expire_grants(wall)) is not None:
+        if (next_grant := self.sharing.expire(wall)) is not None:
             nearest = now + max(0.0, next_grant - wall)
         for session in list(self.sessions.values()):
-            if session.detached_at is None or session.sink is not None:
+            if (deadline := session.deadline(keep_ended)) is None:
                 continue
-            if session.delivered_at is not None:
-                deadline = session.delivered_at + keep_ended
-            else:
-                deadline = session.detached_at + session.detached_timeout
             if deadline > now:
                 nearest = deadline if nearest is None else min(nearest, deadline)
-            elif session.delivered_at is not None:
-                self._forget(session)
-            elif session.final is not None:
+                continue
+            phase = session.life.phase
+            session.timed_out()  # (what that means is its life's: life.py)
+            if phase is Phase.EXITED:
                 log.info("session %s: its exit was not collected in time: dropped", session.id,
                          extra={"session": session.id})
-                self._forget(session)
-            elif session.life.reason is None:
+            elif session.life.phase is Phase.ENDING and phase is not Phase.ENDING:
                 log.info("session %s: detached for %g s: hung up", session.id,
                          session.detached_timeout, extra={"session": session.id})
-                session.cancel(Reason.ABANDONED)
         return nearest
 
     async def _sweep(self) -> None:
@@ -428,8 +424,8 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         for session in list(self.sessions.values()):
             if session.final is None:
                 session.hang_up()
-        assert self._task_group is not None, "SessionRegistry.running() is not entered"
-        self._task_group.start_soon(self._kill_after_grace)
+        assert self.task_group is not None, "SessionRegistry.running() is not entered"
+        self.task_group.start_soon(self._kill_after_grace)
 
     async def _kill_after_grace(self) -> None:
         await anyio.sleep(KILL_GRACE)
@@ -446,14 +442,4 @@ class SessionRegistry(SessionEnds, Sharing, HandingOver):
         for session in list(self.sessions.values()):
             session.cancel(Reason.SHUTDOWN)
         with anyio.move_on_after(END_ALL_GRACE):
-            await self.wait_empty()
-
-    async def wait_empty(self) -> None:
-        """Until no session runs (ended ones waiting for an attach do not count)."""
-        await self._until(lambda: not self._running)
-
-    async def _until(self, condition: Callable[[], bool]) -> None:
-        """Until ``condition`` holds, looked at again whenever a session has ended."""
-        while not condition():
-            self._emptied = anyio.Event()
-            await self._emptied.wait()
+            await self.ends.wait_empty()

@@ -2,7 +2,8 @@
 task), and what its end leaves behind: its channel's end, its recording, its journal record;
 and the detach and attach records written beside.
 
-A part of `SessionRegistry` (registry.py), apart for size: a mixin with no state of its own.
+A part of `SessionRegistry` (registry.py) that owns the count of what runs and what is
+being written.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from ...protocol.messages import Exit
 from ..journal import Journal, Record, SessionAttach, SessionDetach, SessionEnd
 from ..sessions.recording import finish_recording
 from ..sessions.session import ServerSession
-from ..settings import ServerSettings
-from ..tasks import Tasks
-from .sessions_here import SessionsHere
+
+if TYPE_CHECKING:
+    from .registry import SessionRegistry
 
 log = logging.getLogger("ttyserve")
 
@@ -28,31 +29,23 @@ log = logging.getLogger("ttyserve")
 class SessionEnds:
     """Runs the registry's sessions and writes their ends."""
 
-    settings: ServerSettings
-    journal: Journal | None
-    sessions: SessionsHere
-    _running: int
-    _noting: int
-    _tasks: Tasks | None
-    _task_group: anyio.abc.TaskGroup | None
-    _emptied: anyio.Event | None
-
-    if TYPE_CHECKING:  # the registry's own
-        def _kept(self, session: ServerSession) -> bool: ...
-        def _forget(self, session: ServerSession) -> None: ...
-        def deadline_moved(self) -> None: ...
+    def __init__(self, registry: SessionRegistry) -> None:
+        self.registry = registry
+        self.running = 0  # sessions started and not ended yet (their end record written)
+        self.noting = 0  # detach and attach records not written yet
+        self._emptied: anyio.Event | None = None  # a wait for a session's end
 
     def start(self, session: ServerSession) -> None:
         """Run an opened (and attached) session: on the loop's callbacks alone where it can,
         else as a task of the registry's."""
-        assert self._tasks is not None, "SessionRegistry.running() is not entered"
-        self._running += 1
+        assert self.registry.tasks is not None, "SessionRegistry.running() is not entered"
+        self.running += 1
         if not session.start(self._session_over):
-            self._tasks.start_soon(self._run, session, scope=session.cancel_scope())
+            self.registry.tasks.start_soon(self._run, session, scope=session.cancel_scope())
 
-    def _start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        assert self._tasks is not None, "SessionRegistry.running() is not entered"
-        self._tasks.start_soon(work)
+    def start_task(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        assert self.registry.tasks is not None, "SessionRegistry.running() is not entered"
+        self.registry.tasks.start_soon(work)
 
     async def _run(self, session: ServerSession) -> None:
         """A session's task, where the loop has no readiness callbacks for all of it."""
@@ -73,8 +66,9 @@ class SessionEnds:
             self._ending(session, status)
             self._ended(session)
         else:
-            assert self._tasks is not None, "SessionRegistry.running() is not entered"
-            self._tasks.start_soon(self._finish, session, status, scope=session.cancel_scope())
+            tasks = self.registry.tasks
+            assert tasks is not None, "SessionRegistry.running() is not entered"
+            tasks.start_soon(self._finish, session, status, scope=session.cancel_scope())
 
     async def _finish(self, session: ServerSession, status: Exit | None) -> None:
         try:
@@ -87,7 +81,7 @@ class SessionEnds:
         self._ending(session, status)
         await finish_recording(session)  # its exit, then the file closed: never raises
         if session.life.recorded:
-            await self._record(lambda journal: journal.append(
+            await self.record(lambda journal: journal.append(
                 self._end_record(journal, session, status)))
         self._ended(session)
 
@@ -101,12 +95,12 @@ class SessionEnds:
             session.ended_without_status()
 
     def _ended(self, session: ServerSession) -> None:
-        session.life.over = True
-        if self._kept(session):  # for the next attach, in bounded memory
-            self.deadline_moved()
+        session.life.closed()
+        if self.registry.kept(session):  # for the next attach, in bounded memory
+            self.registry.deadline_moved()
         else:
-            self._forget(session)
-        self._running -= 1  # after the end record: "none running" means all written
+            self.registry.forget(session)
+        self.running -= 1  # after the end record: "none running" means all written
         if self._emptied is not None:
             self._emptied.set()
 
@@ -121,16 +115,16 @@ class SessionEnds:
             bytes_in=session.bytes_in, bytes_out=session.bytes_out,
             leftovers=session.process.leftovers, oom=session.process.oom)
 
-    async def _record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
+    async def record(self, write: Callable[[Journal], Awaitable[None]]) -> bool:
         """Write journal records, shielded (a start always gets its end); False when there is
         no journal or the write failed (logged: the session goes on without records)."""
-        if self.journal is None:
+        if self.registry.journal is None:
             return False
         with anyio.CancelScope(shield=True):
             try:
-                await write(self.journal)
+                await write(self.registry.journal)
             except OSError as exc:
-                log.error("journal %s: %s", self.journal.path, exc)
+                log.error("journal %s: %s", self.registry.journal.path, exc)
                 return False
         return True
 
@@ -138,19 +132,29 @@ class SessionEnds:
                   peer: str, **members: object) -> None:
         """A detach or an attach: the sweeper plans again, and the journal records it (in a
         task: this is called from where nothing can wait)."""
-        self.deadline_moved()
-        self._record_soon(kind, session.id, peer=peer, **members)
+        self.registry.deadline_moved()
+        self.record_soon(kind, session.id, peer=peer, **members)
 
-    def _record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
+    def record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
         """Write a record of ``session_id`` in a task (the journal's `at`)."""
-        if self.journal is not None and self._task_group is not None:
-            self._noting += 1
-            self._task_group.start_soon(self._note, kind, session_id, members)
+        if self.registry.journal is not None and self.registry.task_group is not None:
+            self.noting += 1
+            self.registry.task_group.start_soon(self._note, kind, session_id, members)
 
     async def _note(self, kind: type[Record], session_id: str,
                     members: dict[str, object]) -> None:
         try:
-            await self._record(lambda journal: journal.append(
+            await self.record(lambda journal: journal.append(
                 kind(id=session_id, at=journal.now(), **members)))
         finally:
-            self._noting -= 1
+            self.noting -= 1
+
+    async def wait_empty(self) -> None:
+        """Until no session runs (ended ones waiting for an attach do not count)."""
+        await self.until(lambda: not self.running)
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Until ``condition`` holds, looked at again whenever a session has ended."""
+        while not condition():
+            self._emptied = anyio.Event()
+            await self._emptied.wait()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...backends.base import ProcessHandle, ProcessSpec
 from ...protocol.frames import FrameKind
 from ..handover import ModesState, RingState, SessionState
-from .life import Phase
+from .life import Life
 from .scrollback import Scrollback
 from .session import ServerSession
 from .sinks import HandsOver
@@ -64,10 +64,7 @@ def adopted_session(state: SessionState, process: ProcessHandle, start_task: Sta
     session.detached_at = state.detached_at
     session.delivered_at = state.delivered_at
     session.bytes_in, session.bytes_out = state.bytes_in, state.bytes_out
-    life = session.life
-    life.recorded = state.recorded
-    if state.final is not None:  # over: its exit waits for a client, or was delivered
-        life.status = life.final = state.final
-        life.phase = Phase.EXITED if state.delivered_at is None else Phase.DELIVERED
-        session.released = life.over = True
+    # Over, its exit waiting for a client or delivered already; or running.
+    session.life = Life.restored(state.recorded, state.final, state.delivered_at is not None)
+    session.released = state.final is not None
     return session

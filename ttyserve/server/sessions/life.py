@@ -36,7 +36,9 @@ class Event(enum.Enum):
     SETTLED = "settled"  # what the process left running in its cgroup was killed or left
     DELIVERED = "delivered"  # its exit went out to the writer, or has nowhere to go
     ATTACHED = "attached"  # a writer attached to an ended session: its exit goes out again
-    ENDED = "ended"  # a cancel, the detached timeout, a fault: end it now
+    ENDED = "ended"  # a cancel, a fault: end it now
+    TIMED_OUT = "timed_out"  # detached too long: a running one is abandoned (ended), an
+    # ended one's exit was not collected in time, or went out --keep-ended ago
     FORGOTTEN = "forgotten"  # the registry let it go (its end written, its exit not wanted)
 
 
@@ -46,6 +48,7 @@ class Action(enum.Enum):
     SETTLE = "settle"  # kill (or leave) what the process left running; then SETTLED
     FINAL = "final"  # the exit is final: tell the recording and the observers; offer it
     KILL = "kill"  # end now: kill and reap the tree; the end has no status to send
+    FORGET = "forget"  # the registry lets it go: no attach finds it any more
 
 
 P, E, A = Phase, Event, Action
@@ -65,7 +68,10 @@ TRANSITIONS: dict[tuple[Phase, Event], tuple[Phase, Action | None]] = {
     (P.EXITED, E.FORGOTTEN): (P.GONE, None),
     (P.DELIVERED, E.FORGOTTEN): (P.GONE, None),
     (P.ENDING, E.FORGOTTEN): (P.GONE, None),
+    (P.EXITED, E.TIMED_OUT): (P.GONE, A.FORGET),  # its exit was not collected in time
+    (P.DELIVERED, E.TIMED_OUT): (P.GONE, A.FORGET),  # kept --keep-ended after it went out
     **{(phase, E.ENDED): (P.ENDING, A.KILL) for phase in _LIVE},
+    **{(phase, E.TIMED_OUT): (P.ENDING, A.KILL) for phase in _LIVE},  # abandoned
 }
 IGNORED: frozenset[tuple[Phase, Event]] = frozenset({
     *((phase, E.ATTACHED) for phase in _LIVE),  # a writer of a running session: no exit yet
@@ -83,7 +89,9 @@ class LifeError(Exception):
 
 class Life:
     """One session's phase, and what its end is known by: the status, the reason it was
-    ended for, whether its start and end are in the journal."""
+    ended for, whether its start and end are in the journal. Only its own methods change
+    it: `step` (and `reaped`, `end`, `timed_out`, which feed it an event), and the facts
+    beside the phase (`hung_up`, `started`, `closed`)."""
 
     __slots__ = ("final", "over", "phase", "reason", "recorded", "status")
 
@@ -94,6 +102,30 @@ class Life:
         self.reason: Reason | None = None  # why it was ended from outside, or hung up
         self.recorded = False  # its start record is in the journal: it gets an end
         self.over = False  # its end is all done (record written): the registry says so
+
+    @classmethod
+    def restored(cls, recorded: bool, final: Exit | None, delivered: bool) -> Life:
+        """The life of a session handed over by an upgrade in place: running, or over
+        (``final``) with its exit waiting for a client or ``delivered`` already."""
+        life = cls()
+        life.recorded = recorded
+        if final is not None:
+            life.status = life.final = final
+            life.phase = Phase.DELIVERED if delivered else Phase.EXITED
+            life.over = True
+        return life
+
+    def started(self, recorded: bool) -> None:
+        """Its start record is in the journal (``recorded``), or it has none."""
+        self.recorded = recorded
+
+    def hung_up(self, reason: Reason) -> None:
+        """Asked to end (SIGHUP) for ``reason``, which it ends for if that ends it."""
+        self.reason = self.reason or reason
+
+    def closed(self) -> None:
+        """Its end is all done: its channel ended, its record written."""
+        self.over = True
 
     def step(self, event: Event) -> Action | None:
         """Move on ``event``; the action the move asks for, if any."""
@@ -116,6 +148,12 @@ class Life:
         """End it from outside for ``reason`` (the first reason given stands)."""
         self.reason = self.reason or reason
         return self.step(Event.ENDED)
+
+    def timed_out(self) -> Action | None:
+        """Its detached deadline passed: a running session is abandoned, an ended one let go."""
+        if self.phase in _LIVE:
+            self.reason = self.reason or Reason.ABANDONED
+        return self.step(Event.TIMED_OUT)
 
     @property
     def ended(self) -> bool:

@@ -15,7 +15,6 @@ up, killed after a grace, reaped, and nothing more is sent.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import signal
 import time
@@ -36,6 +35,7 @@ from .pump import OutputPump
 from .scrollback import Scrollback
 from .sinks import LOST, Sink, Tap
 from .stdin import StartTask, StdinQueue
+from .streams import SessionStreams
 from .typing_first import Typing
 
 if TYPE_CHECKING:  # (a channel that watches: above the session)
@@ -48,13 +48,11 @@ class ServerSession:
     """One process the server runs, and what outlives any one connection to it."""
 
     __slots__ = (  # (a dict would be 1.5 KiB of each session's memory)
-        "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_linger",
-        "_linger_timer", "_open_streams", "_pump_tasks", "_pumps", "_redrawn_at", "_scope",
-        "_settled", "_sink_gone", "_start_task", "_stderr", "_stderr_watch", "_typed_at",
-        "bytes_in",
-        "bytes_out", "delivered_at", "detached_at", "detached_timeout", "fault", "id", "key",
-        "life", "modes", "observers", "on_delivered", "owner", "peer", "process",
-        "released", "ring", "sink", "size", "spec", "started", "stdin", "taps", "typing",
+        "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_redrawn_at", "_scope",
+        "_sink_gone", "_start_task", "_typed_at", "bytes_in", "bytes_out", "delivered_at",
+        "detached_at", "detached_timeout", "fault", "id", "key", "life", "modes", "observers",
+        "on_delivered", "on_forget", "owner", "peer", "process", "released", "ring", "sink",
+        "size", "spec", "started", "stdin", "streams", "taps", "typing",
     )
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
@@ -82,23 +80,17 @@ class ServerSession:
         self.taps: list[Tap] = []  # a recording, say: sees all output
         self.observers: list[Observer] = []  # channels that watch it (section 11)
         self.on_delivered: Callable[[ServerSession], None] | None = None  # its exit went out
+        self.on_forget: Callable[[ServerSession], None] | None = None  # its life let it go
         self.bytes_in = self.bytes_out = 0
         self.typing = typing  # the server's: while anyone types, others read small
         self._typed_at = 0.0  # when a keystroke last came in (PTY sessions)
         self.stdin = StdinQueue(process, self._stdin_consumed, start_task)
         self.fault: Exception | None = None  # what broke the session's own code
-        self._linger = linger
+        self.streams = SessionStreams(self, process, linger)  # its output, pump by pump
         self._scope: anyio.CancelScope | None = None  # made when it runs
-        self._pumps: list[OutputPump] = []
-        self._open_streams = 0  # streams not at their end yet
-        self._stderr: OutputPump | None = None  # made once stderr has output (or its end)
-        self._stderr_watch: Watch | None = None
-        self._settled: anyio.Event | None = None  # made when `run` waits for the pumps
         self._sink_gone: anyio.Event | None = None  # made when an attach waits for a writer
         self._exit_watch: Watch | None = None  # the loop reaps the process (its pidfd)
-        self._pump_tasks: list[OutputPump] = []  # pumps with no readiness callbacks
         self._ended: Ended | None = None  # on callbacks alone: told once it is over
-        self._linger_timer: asyncio.TimerHandle | None = None
         self._start_task = start_task
         self._kill_leftovers = kill_leftovers  # at a normal end (--leftovers kill)
         self._redrawn_at = -math.inf  # when the program was last told to redraw
@@ -129,7 +121,7 @@ class ServerSession:
         self.sink = sink
         self.detached_at = None
         self.delivered_at = None  # an ended one: kept again once its exit goes out again
-        self.life.step(Event.ATTACHED)  # (its exit is offered below, once the replay is over)
+        self._act(self.life.step(Event.ATTACHED))  # (its exit: offered once the replay is over)
         self.sink_ready()
 
     def detach(self) -> None:
@@ -155,8 +147,7 @@ class ServerSession:
     def sink_ready(self) -> None:
         """The sink takes more (credit, room, its replay ended) or changed: the pumps go on,
         and a ready exit goes out."""
-        for pump in self._pumps:
-            pump.resume()
+        self.streams.resume()
         self._offer_exit()
 
     def add_observer(self, observer: Observer) -> None:
@@ -178,13 +169,12 @@ class ServerSession:
 
     def cancel(self, reason: Reason = Reason.CANCELLED) -> None:
         """End the session now: kill and reap its processes, send nothing more."""
-        if self.life.end(reason) is Action.KILL:
-            self._end_now()
+        self._act(self.life.end(reason))
 
     def ended_without_status(self) -> None:
         """Ended from outside (a cancel, a fault): no exit of its own. A writer still attached
         ends with exit -1 all the same; observers learn how it died (they saw it all)."""
-        self.life.end(Reason.CANCELLED)  # (a fault in its task: ended all the same)
+        self._act(self.life.end(Reason.CANCELLED))  # (a fault in its task: ended all the same)
         if self.sink is not None:
             self.sink.lost()
             self.sink = None
@@ -212,7 +202,7 @@ class ServerSession:
     def hang_up(self, reason: Reason = Reason.SHUTDOWN) -> None:
         """A graceful shutdown's request: SIGHUP (then SIGCONT) to the process group."""
         if self.process.hang_up():
-            self.life.reason = self.life.reason or reason
+            self.life.hung_up(reason)
 
     def kill(self) -> None:
         """What a hang-up left running is killed (the whole tree); the session ends as its
@@ -296,10 +286,7 @@ class ServerSession:
         return self.sink.splice_output(kind, pipe, size)
 
     def pump_done(self, pump: OutputPump) -> None:
-        self._open_streams -= 1
-        if not self._open_streams:
-            if self._settled is not None:
-                self._settled.set()
+        if self.streams.ended_one():
             self._act(self.life.step(Event.OUTPUT_OVER))
 
     def pump_failed(self, error: Exception) -> None:
@@ -314,8 +301,7 @@ class ServerSession:
         output is over and its exit offered (with the status), or once it must be ended
         (cancelled, a fault: with None). False when part of it has no callbacks here: the
         session then runs in a task of its own (`run`)."""
-        self._pump_tasks = self.start_output()
-        if self._pump_tasks or self._exit_watch is None:
+        if self.start_output() or self._exit_watch is None:
             return False
         self._ended = ended
         if self.life.ended:
@@ -331,10 +317,10 @@ class ServerSession:
         and reaped, nothing more is sent, and the cancellation goes on up (a fault of the
         session's own code, `fault`, cancels it too)."""
         try:
-            if not self._pump_tasks:
+            if not self.streams.tasks:
                 return await self._run()
             async with anyio.create_task_group() as group:  # the pumps wait in tasks of
-                for pump in self._pump_tasks:  # their own
+                for pump in self.streams.tasks:  # their own
                     group.start_soon(pump.run)
                 status = await self._run()
             return status
@@ -359,11 +345,7 @@ class ServerSession:
             self._exit_watch.stop()  # this task waits for the exit instead
         if self.life.status is None:
             self.reaped(await self.process.wait())
-        if self._open_streams:
-            with anyio.move_on_after(self._linger):
-                await self._until_settled()
-            self._linger_over()
-            await self._until_settled()
+        await self.streams.linger()
         if self.life.phase is Phase.SETTLING:  # (what it left could not be killed at once)
             await self._kill_tree()
         assert self.life.status is not None
@@ -373,28 +355,39 @@ class ServerSession:
         """The process has ended with ``status``: the exit goes once the output has (within
         the linger grace, where the loop keeps time for the session)."""
         action = self.life.reaped(status)
-        if self._open_streams and self._ended is not None:  # the loop keeps the time
-            self._linger_timer = asyncio.get_running_loop().call_later(
-                self._linger, self._linger_over)
+        if self._ended is not None:  # the loop keeps the time
+            self.streams.linger_soon()
         self._act(action)
 
-    def _linger_over(self) -> None:
-        """The linger ran out: each stream sends what is buffered now, then stops."""
-        if self.process.stderr is not None:
-            self._stderr_pump()
-        for pump in self._pumps:
-            pump.last_chunk()
-
     def _act(self, action: Action | None) -> None:
-        """Carry out what a step of the life asked for; then tell the registry if the
-        session is over on callbacks alone."""
+        """Carry out what a step of the life asked for (the one place that does); then tell
+        the registry if the session is over on callbacks alone."""
         if action is Action.SETTLE:
             self._settle_tree()
         elif action is Action.FINAL:
             self._final()
         elif action is Action.KILL:
             self._end_now()
+        elif action is Action.FORGET and (forget := self.on_forget) is not None:
+            forget(self)
         self._tell_if_over()
+
+    def timed_out(self) -> None:
+        """Its detached deadline (`deadline`) passed: abandoned, or let go (life.py)."""
+        self._act(self.life.timed_out())
+
+    def forgotten(self) -> None:
+        """The registry let it go."""
+        self._act(self.life.step(Event.FORGOTTEN))
+
+    def deadline(self, keep_ended: float) -> float | None:
+        """When, detached, it times out: --keep-ended after its exit went out, else its
+        detached timeout after it was left; None while a writer holds it."""
+        if self.detached_at is None or self.sink is not None:
+            return None
+        if self.delivered_at is not None:
+            return self.delivered_at + keep_ended
+        return self.detached_at + self.detached_timeout
 
     def _tell_if_over(self) -> None:
         if self.output_over and (ended := self._ended) is not None:
@@ -447,7 +440,7 @@ class ServerSession:
             self.sink = None
             self._writer_gone()
             if sink.send_exit(status):
-                self.life.step(Event.DELIVERED)
+                self._act(self.life.step(Event.DELIVERED))
                 if self.detachable:
                     # Kept a while all the same (section 10's --keep-ended): the client may
                     # not have read it before its connection broke, and attaches again for it.
@@ -457,59 +450,18 @@ class ServerSession:
                 return
             self.detached_at = time.monotonic()  # its channel had ended: as detached
         if not self.detachable:
-            self.life.step(Event.DELIVERED)  # nobody can attach: the exit has nowhere to go
-
-    async def _until_settled(self) -> None:
-        while self._open_streams:
-            self._settled = anyio.Event()
-            await self._settled.wait()
-        self._settled = None
+            self._act(self.life.step(Event.DELIVERED))  # nobody can attach: it has nowhere to go
 
     def start_output(self) -> list[OutputPump]:
         """Watch the output streams and the process's exit; the pumps that need a task of
-        their own (none where the loop calls back on readiness). Stderr's pump is made once
-        stderr is readable."""
-        process = self.process
-        self._exit_watch = process.watch_exit(self.reaped)
-        tasks = []
-        stdout = OutputPump(self, process.stdout, FrameKind.STDOUT)
-        self._pumps.append(stdout)
-        self._open_streams = 1
-        watch = process.stdout.watch(stdout.readable)
-        if watch is not None:
-            stdout.watch(watch)
-        else:
-            tasks.append(stdout)
-        if process.stderr is not None:
-            self._open_streams = 2
-            self._stderr_watch = process.stderr.watch(self._stderr_readable)
-            if self._stderr_watch is None:
-                tasks.append(self._stderr_pump())
-        return tasks
-
-    def _stderr_pump(self) -> OutputPump:
-        pump = self._stderr
-        if pump is None:
-            assert self.process.stderr is not None
-            pump = self._stderr = OutputPump(self, self.process.stderr, FrameKind.STDERR)
-            if self._stderr_watch is not None:
-                pump.watch(self._stderr_watch)
-            self._pumps.append(pump)
-        return pump
-
-    def _stderr_readable(self) -> None:
-        self._stderr_pump().readable()
+        their own (none where the loop calls back on readiness)."""
+        self._exit_watch = self.process.watch_exit(self.reaped)
+        return self.streams.start()
 
     def stop_output(self) -> None:
-        """No more reading, and what read is let go: the pumps, watches and timer hold the
-        session (cycles that would keep an ended one until a collection)."""
+        """No more reading, and what read is let go (cycles that would keep an ended
+        session until a collection)."""
         if self._exit_watch is not None:
             self._exit_watch.close()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-        for pump in self._pumps:
-            pump.stop()
-        if self._stderr_watch is not None:
-            self._stderr_watch.close()
-        self._pumps, self._pump_tasks = [], []
-        self._exit_watch = self._stderr_watch = self._stderr = self._linger_timer = None
+        self._exit_watch = None
+        self.streams.stop()
