@@ -61,8 +61,8 @@ async def detached_session(worker: Worker, script: str) -> str:
         opened = await control(peer, 1)
         assert opened["type"] == "opened", opened
         await peer.send(ctrl(1, Detach()))
-        while (await control(peer, 1))["type"] != "detached":
-            pass
+        _, last = await output_until_exit(peer, 1)
+        assert last["type"] == "detached", last
         return str(opened["session"])
 
 
