@@ -51,12 +51,18 @@ def set_window_size(fd: int, rows: int, cols: int) -> None:
 
 
 class FdSource:
-    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF.
+    """Non-blocking reads from one descriptor; EIO (a PTY whose slave closed) is EOF, once
+    a second read says it too: Linux may answer EIO while the last of the terminal's output
+    is still on its way into the buffer a read takes from, and the next read waits for it
+    (issue 38: 3 PTY sessions in 135,000 lost their last 1.6 to 5.7 KB; the read after the
+    first EIO returned it).
 
     A pipe that fills up is grown once to PIPE_SIZE: fewer wake-ups for a
     process that writes a lot, no extra kernel memory for the many that do not
     (the per-user pipe budget is counted in full pipe sizes).
     """
+
+    read = staticmethod(os.read)
 
     def __init__(self, fd: int, pipe: bool = False) -> None:
         self.fd = fd
@@ -68,18 +74,23 @@ class FdSource:
         """Up to ``limit`` bytes now; None when nothing is buffered."""
         chunks: list[bytes] = []
         size = 0
+        ended = False  # a read said EIO: the next one says whether that was all
         while size < limit and not self.eof:
             try:
-                chunk = os.read(self.fd, limit - size)
+                chunk = self.read(self.fd, limit - size)
             except BlockingIOError:
                 break
             except OSError as exc:
                 if exc.errno != errno.EIO:
                     raise
+                if not ended:
+                    ended = True
+                    continue
                 chunk = b""
             if not chunk:
                 self.eof = True
                 break
+            ended = False
             chunks.append(chunk)
             size += len(chunk)
             if len(chunk) < _SHORT_READ:
