@@ -21,7 +21,7 @@ from helpers import RawPeer
 from ttyserve.backends.local import LocalBackend
 from ttyserve.server.auth import Access, Gate, Peer
 from ttyserve.server.connections.handler import ConnectionHandler
-from ttyserve.server.mesh import LINK_HELLO_LIMIT, Census, Mesh, WorkerSpec
+from ttyserve.server.mesh import Census, Mesh, WorkerSpec
 from ttyserve.server.registry.registry import SessionRegistry
 from ttyserve.server.settings import ServerSettings
 from ttyserve.server.tasks import open_tasks
@@ -44,9 +44,7 @@ class Worker:
 
     async def serve_link(self, sock: socket.socket) -> None:
         """A link from the other worker: its LinkHello, then a handler (listener.py)."""
-        size = int.from_bytes(await _receive_exactly(sock, 4), "big")
-        assert size <= LINK_HELLO_LIMIT
-        hello = self.mesh.admit_link(await _receive_exactly(sock, size))
+        hello = await self.mesh.receive_link_hello(sock)
         assert hello is not None, "a link without the server's secret"
         await self._serve(SocketTransport(sock), hello.peer, hello.principal, self.links)
 
@@ -72,17 +70,6 @@ class Worker:
             yield RawPeer(transport)
         finally:
             await transport.aclose()
-
-
-async def _receive_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        await anyio.wait_readable(sock)
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the link closed during its hello")
-        data += chunk
-    return data
 
 
 async def _accept_links(listening: socket.socket, serve: LinkServer,

@@ -38,7 +38,7 @@ from .auth import Gate, Peer, peer_of
 from .connections.handler import ConnectionHandler
 from .handover import HandoverState
 from .journal import Journal
-from .mesh import LINK_HELLO_LIMIT, Mesh
+from .mesh import Mesh
 from .registry.registry import SessionRegistry, busy
 from .settings import ServerSettings
 from .tasks import Tasks, open_tasks
@@ -340,7 +340,7 @@ class Server:
         sock.setblocking(False)
         hello = None
         with anyio.move_on_after(self.settings.handshake_timeout):
-            hello = self.mesh.admit_link(await _receive_exactly(sock, 4, LINK_HELLO_LIMIT))
+            hello = await self.mesh.receive_link_hello(sock)
         if hello is None:
             log.warning("a link came without this server's secret: closed")
             sock.close()
@@ -439,30 +439,6 @@ class Server:
         self._connection_tasks.start_soon(self._handle, SocketTransport(ours),
                                           Peer(HTTP, host=getattr(outer, "host", "")))
         return SocketTransport(theirs)
-
-
-async def _receive_exactly(sock: socket.socket, head: int, limit: int) -> bytes:
-    """A length-prefixed message (``head`` bytes of length), read to its last byte and no
-    further; b"" when the peer closed or the length is over ``limit``."""
-    size = int.from_bytes(await _receive(sock, head) or b"\xff" * head, "big")
-    return b"" if size > limit else await _receive(sock, size)
-
-
-async def _receive(sock: socket.socket, size: int) -> bytes:
-    """Exactly ``size`` bytes of ``sock``; b"" when it closed first."""
-    data = b""
-    while len(data) < size:
-        await anyio.wait_readable(sock)
-        try:
-            chunk = sock.recv(size - len(data))
-        except BlockingIOError:
-            continue
-        except OSError:
-            return b""
-        if not chunk:
-            return b""
-        data += chunk
-    return data
 
 
 async def refuse_busy(transport: Transport, limit: int) -> None:

@@ -17,8 +17,10 @@ import hmac
 import mmap
 import os
 import signal
+import socket
 import sys
 
+import anyio
 import msgspec
 
 from ..ids import slot_of, slot_prefix
@@ -206,3 +208,27 @@ class Mesh:
         except msgspec.DecodeError:
             return None
         return hello if hmac.compare_digest(hello.secret, self._secret) else None
+
+    async def receive_link_hello(self, sock: socket.socket) -> LinkHello | None:
+        """A link's first bytes (`link_hello`), read to their last byte and no further: its
+        hello when it carries the secret; None when it does not, is over LINK_HELLO_LIMIT,
+        or the link closed first."""
+        size = int.from_bytes(await _receive(sock, 4) or b"\xff" * 4, "big")
+        return None if size > LINK_HELLO_LIMIT else self.admit_link(await _receive(sock, size))
+
+
+async def _receive(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes of ``sock``; b"" when it closed first."""
+    data = b""
+    while len(data) < size:
+        await anyio.wait_readable(sock)
+        try:
+            chunk = sock.recv(size - len(data))
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
+        if not chunk:
+            return b""
+        data += chunk
+    return data
