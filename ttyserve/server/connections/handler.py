@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -53,7 +53,7 @@ from ...transport.streams import (
     close_gracefully,
 )
 from ..auth import Gate, Peer
-from ..channels.attachment import SessionChannel
+from ..channels.attachment import Attachment, SessionChannel
 from ..channels.route import Later, Route
 from ..grants import Grant
 from ..journal import SessionDetach
@@ -284,7 +284,7 @@ class ConnectionHandler:
         # Noted at once, not left to this task: a client that hangs up right after `detach`
         # breaks the send of `detached`, and that ends the reader before it could note it.
         session = route.session
-        if session.sink is cast(object, route):  # (an observer is never the sink)
+        if isinstance(route, Attachment) and session.sink is route:  # (never an observer)
             session.detach()
         self.registry.ends.note_soon(session, SessionDetach, str(self.peer), role=route.role,
                                 grant=route.grant)
