@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from . import procs
 from .procs import Usage
 from .server import (
@@ -926,6 +928,14 @@ class PdshSystem(System):
         return run_once("pdsh", targets, parallel, self.workdir, over=over)
 
 
+class _HttpEvent(msgspec.Struct):
+    """The members of an output stream's event that the benchmark reads."""
+
+    type: str
+    data: str = ""
+    code: int | None = None
+
+
 class TtyserveHttpSystem(TtyserveWsSystem):
     """The same server's HTTP API (protocol section 13) on its `ws:` listener, driven with
     the standard library's http.client: `POST /api/v1/sessions`, then its output stream
@@ -933,43 +943,51 @@ class TtyserveHttpSystem(TtyserveWsSystem):
 
     name = "ttyserve-http"
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 ) -> tuple[Any, Any]:
+    def _connect(self) -> Any:
         import http.client
 
         host, port = self.server.address("ws").removeprefix("ws:").rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        return http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def _request(self, conn: Any, method: str, path: str, body: bytes | None = None) -> Any:
         headers = {"Authorization": f"Bearer {self.server.token}"} if self.server.token else {}
         conn.request(method, f"/api/v1{path}", body=body, headers=headers)
-        return conn, conn.getresponse()
+        return conn.getresponse()
 
     def _run(self, argv: list[str], pty: bool, gate: str | None = None) -> tuple[int, int]:
         """Start ``argv``, read its stream to the exit: (bytes of output, exit code). With
         ``gate`` (a FIFO), the command waits for a line there, written once the stream is
-        attached: what it prints before then would go to its scrollback alone."""
-        import msgspec
-
+        attached: what it prints before then would go to its scrollback alone. Both
+        requests go on one connection, kept alive as HTTP client libraries keep it."""
         if gate is not None:
             argv = ["sh", "-c", f"read go < {gate}; exec {shlex.join(argv)}"]
-        conn, answer = self._request("POST", "/sessions", msgspec.json.encode(
+        conn = self._connect()
+        answer = self._request(conn, "POST", "/sessions", msgspec.json.encode(
             {"argv": argv, "pty": pty}))
         created = msgspec.json.decode(answer.read())
-        conn.close()
         if answer.status != 201:
+            conn.close()
             raise RuntimeError(f"POST /sessions: {answer.status} {created}")
-        conn, answer = self._request("GET", f"/sessions/{created['session']}/output")
-        decode = msgspec.json.Decoder(dict[str, Any]).decode
+        answer = self._request(conn, "GET", f"/sessions/{created['session']}/output")
+        decode = msgspec.json.Decoder(_HttpEvent).decode
         nbytes, code = 0, None
-        try:
-            for line in answer:
-                event = decode(line)
-                if event["type"] == "attached" and gate is not None:
-                    with open(gate, "w") as fifo:
-                        fifo.write("go\n")
-                elif event["type"] == "output":
-                    nbytes += len(event["data"]) * 3 // 4 - event["data"][-2:].count("=")
-                elif event["type"] == "exit":
-                    code = event["code"]
+        buffer = bytearray()  # what has come and is not a whole line yet
+        try:  # (each event decoded whole, as a coordinator would, its base64 read as text)
+            while block := answer.read1(1 << 20):
+                buffer += block
+                view, start = memoryview(buffer), 0
+                while (end := buffer.find(b"\n", start)) >= 0:
+                    event = decode(view[start:end])
+                    start = end + 1
+                    if event.type == "attached" and gate is not None:
+                        with open(gate, "w") as fifo:
+                            fifo.write("go\n")
+                    elif event.type == "output":
+                        nbytes += len(event.data) * 3 // 4 - event.data[-2:].count("=")
+                    elif event.type == "exit":
+                        code = event.code
+                view.release()
+                del buffer[:start]
         finally:
             conn.close()
         if code is None:

@@ -167,3 +167,21 @@ async def test_delete_cancels_whoever_is_attached(api: ApiServer) -> None:
         with pytest.raises(SessionDetached):
             await attached.wait()
     assert request(api, "GET", f"/sessions/{session}").status == 404
+
+
+def test_delete_answers_once_the_session_has_ended_and_gone(api: ApiServer) -> None:
+    """A process that ignores SIGHUP lives until the kill grace's SIGKILL: DELETE answers
+    only after that (its observer saw the exit), so a GET right after it finds nothing."""
+    session = create(api, argv=["sh", "-c", "trap '' HUP; echo up; while :; do sleep 1; done"],
+                     pty=False)
+    host, port = api.url.split("//")[1].split("/")[0].split(":")
+    stream = http.client.HTTPConnection(host, int(port), timeout=30)
+    stream.request("GET", f"/api/v1/sessions/{session}/output",
+                   headers={"Authorization": f"Bearer {api.token}"})
+    lines = stream.getresponse()
+    while json.loads(lines.readline())["type"] != "output":  # the trap is set
+        continue
+    stream.close()
+    assert request(api, "DELETE", f"/sessions/{session}").status == 204
+    assert request(api, "GET", f"/sessions/{session}").status == 404
+    assert session.encode() not in request(api, "GET", "/sessions").body

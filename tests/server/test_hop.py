@@ -222,3 +222,29 @@ async def test_an_attach_that_meets_a_writer_letting_go_over_a_link_waits_for_it
                 answer = await control(second, 1)
             assert answer["type"] == "attached", answer
         assert str(ErrorCode.SESSION_IN_USE) not in str(answer)
+
+
+async def test_an_attach_that_asks_to_wait_is_answered_when_the_writer_lets_go(
+        tmp_path: Path) -> None:
+    """`wait` (the HTTP door's stream taking its role back after a write): an attach from
+    worker 0 to a session of worker 1 whose writer is attached there is session_in_use at
+    once without it, and with it is answered `attached` as soon as that writer lets go
+    (the wait asked for is far longer than the test may take: only the event answers)."""
+    async with two_workers(tmp_path) as (here, there):
+        session_id = await detached_session(there, "printf ready; sleep 30")
+        session: ServerSession = there.registry.sessions.get(session_id)  # type: ignore[assignment]
+        async with here.client() as waiting:
+            async with there.client() as writer:
+                await writer.send(hello() + ctrl(1, Attach(session=session_id)))
+                assert (await control(writer, 1))["type"] == "attached"
+                await waiting.send(hello() + ctrl(1, Attach(session=session_id)))
+                assert (await control(waiting))["type"] == "welcome"
+                refused = await control(waiting, 1)
+                assert refused["code"] == ErrorCode.SESSION_IN_USE, refused
+                await waiting.send(ctrl(3, Attach(session=session_id, wait=300)))
+                with anyio.fail_after(5):
+                    while session._sink_gone is None:  # the attach waits for the writer
+                        await anyio.sleep(0.01)
+            with anyio.fail_after(10):  # the writer's client has gone: it let go
+                answer = await control(waiting, 3)
+            assert answer["type"] == "attached", answer

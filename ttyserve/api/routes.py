@@ -42,7 +42,7 @@ from ..protocol.messages import (
 )
 from ..web.exchange import API_PREFIX, Exchange, TooLarge
 from .openapi import openapi_document
-from .output import stream_output
+from .output import StreamReader, stream_output
 from .types import (
     Created,
     CreateSession,
@@ -65,8 +65,7 @@ STATUS: dict[str, int] = {
     ErrorCode.SPAWN_FAILED: 422, ErrorCode.BUSY: 429, ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.SERVER_RESTARTING: 503}
 HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
-HANDBACK_POLL = (0.005, 0.1)  # seconds between its attempts: the first, the most
-CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session to be gone from `list`
+CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session's end
 HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
 JSON = "application/json"
@@ -200,21 +199,29 @@ class HttpApi:
             exit=None if info.exit is None else msgspec.convert(info.exit, ExitStatus))), JSON)
 
     async def _cancel(self, exchange: Exchange, session_id: str) -> None:
-        """Cancel it (section 4), whoever is attached; one that has ended is forgotten (its
-        exit released). The answer waits until `list` no longer has it."""
+        """Cancel it (section 4), whoever is attached. The answer comes once the session has
+        ended (its exit, which an observer of it is told once its tree is killed and
+        reaped) and been released: `list` no longer has it."""
         async def cancel(conn: Connection, session: Session) -> None:
+            watching: Session | None = None
+            with contextlib.suppress(RequestError):  # (no_such_session: it had ended, and
+                watching = await conn.attach(  # this request read its exit and released it)
+                    session_id, role=OBSERVER, offsets=session.began)
             await session.cancel()
-            with anyio.move_on_after(CANCEL_WAIT), contextlib.suppress(RequestError):
-                while any(s.session == session_id for s in await conn.list_sessions()):
-                    await anyio.sleep(HANDBACK_POLL[0])  # (its tree killed and reaped: no
-                    # event tells this client when; a grant may not list: it answers now)
+            if watching is not None:
+                with anyio.move_on_after(CANCEL_WAIT), contextlib.suppress(TtyserveError):
+                    await watching.wait()
+            await conn.release(session_id)
+            with contextlib.suppress(RequestError):  # (answered after the release: a
+                await conn.list_sessions()  # grant, which may not list, is answered now)
 
         await self._write(exchange, session_id, cancel, leave=False)
 
     async def _output(self, exchange: Exchange, session_id: str) -> None:
         offsets = _offsets(exchange)
         hello = _hello(exchange)
-        async with connection(exchange, hello) as conn:
+        reader = StreamReader()
+        async with connection(exchange, hello, reader=reader) as conn:
             try:  # the first stream is the session's attachment; the others observe
                 session = await conn.attach(session_id, offsets=offsets)
             except RequestError as exc:
@@ -223,19 +230,11 @@ class HttpApi:
                 session = await conn.attach(session_id, offsets=offsets, role=OBSERVER)
 
             async def again(held: Offsets) -> Session:
-                """The writer role back, once the HTTP write that took it is done."""
-                pause, most = HANDBACK_POLL
-                with anyio.fail_after(HANDBACK_WAIT):
-                    while True:
-                        try:
-                            return await conn.attach(session_id, offsets=held)
-                        except RequestError as exc:
-                            if exc.code != ErrorCode.SESSION_IN_USE:
-                                raise
-                        await anyio.sleep(pause)  # (no event says it is free)
-                        pause = min(2 * pause, most)
+                """The writer role back, once the HTTP write that took it let go (the server
+                answers the attach then: `wait`)."""
+                return await conn.attach(session_id, offsets=held, wait=HANDBACK_WAIT)
 
-            await stream_output(exchange, session, again)
+            await stream_output(exchange, conn, session, reader, again)
 
     async def _stdin(self, exchange: Exchange, session_id: str) -> None:
         async def feed(_: Connection, session: Session) -> None:
@@ -286,12 +285,12 @@ _ACTIONS: dict[str | None, Callable[[HttpApi, Exchange, str], Awaitable[None]]] 
 
 @contextlib.asynccontextmanager
 async def connection(exchange: Exchange, hello: Hello | None = None, release: bool = False,
-                     ) -> AsyncIterator[Connection]:
+                     reader: StreamReader | None = None) -> AsyncIterator[Connection]:
     """A multiplexed, windowed connection to this server with the request's credentials;
     exits it reads are kept --keep-ended (a coordinator may ask for them again) unless
-    ``release``."""
+    ``release``; with ``reader``, its channels' output goes there, not to the library."""
     hello = hello or _hello(exchange)
-    transport = await exchange.inner()
+    transport = await exchange.inner(reader)
     try:
         async with connect_over(transport, hello, release=release) as conn:
             yield conn

@@ -163,21 +163,29 @@ class Connection:
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
                      cols: int | None = None, offsets: Offsets | None = None,
-                     resume: float | None = None, role: Role = WRITER) -> Session:
+                     resume: float | None = None, role: Role = WRITER,
+                     wait: float | None = None) -> Session:
         """Take over a detachable session: its scrollback comes first, then live output, then
         its exit (even if it ended while detached). With ``rows`` and ``cols`` its terminal
         is resized first; with ``offsets`` (the bytes already held, per stream) the output
         begins there, and `session.offsets` says where it really began. ``resume``: as in
         `spawn`. Raises RequestError: no_such_session, bad_request (an offset beyond the
         output), or session_in_use (attached elsewhere; ``steal`` takes it over, and the
-        other client's channel ends).
+        other client's channel ends; ``wait``: after waiting up to that many seconds for
+        it to let go).
 
         ``role="observer"`` watches instead (section 11): the same output, but nothing it
         sends reaches the process, it never conflicts with the writer, and when it falls
         a scrollback behind the server skips it forward (`session.skipped` counts it).
         Raises RequestError busy when the session has its maximum of observers."""
         return await self._begin(Attach(session=session_id, rows=rows, cols=cols,
-                                        steal=steal, offsets=offsets, role=role), None, resume)
+                                        steal=steal, offsets=offsets, role=role,
+                                        wait=wait), None, resume)
+
+    async def release(self, session_id: str) -> None:
+        """Forget an ended session of this principal now, its exit read (`release`)."""
+        link = await self._current()
+        await self._write(link, link.core.release(session_id))
 
     async def list_sessions(self) -> list[SessionInfo]:
         """This principal's detachable sessions, running, detached or ended (section 9),

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..defaults import MAX_HEARTBEAT
+from ..defaults import HTTP_MAX_WAIT, MAX_HEARTBEAT
 from ..errors import ErrorCode, ProtocolError, RemoteProtocolError, RequestError
 
 PROTOCOL_VERSION = 1
@@ -83,6 +83,10 @@ class Attach(Message, tag="attach"):
     steal: bool = False
     offsets: Offsets | None = None  # section 10: the bytes the client already holds
     role: Role = WRITER  # section 11
+    # This server's extension, for its HTTP door (section 13): a writer's attach that meets
+    # another writer waits up to this many seconds for it to let go, then attaches (or
+    # session_in_use), instead of session_in_use at once.
+    wait: Annotated[float, msgspec.Meta(ge=0, le=HTTP_MAX_WAIT)] | None = None
 
 
 class Release(Message, tag="release"):

@@ -590,6 +590,15 @@ class ServerConnection:
     def send_output_header(self, channel: int, kind: FrameKind, size: int) -> bool:
         """`send_output` of a payload of ``size`` bytes that the caller sends itself, right
         after what `data_to_send` hands out next (spliced from a pipe, say)."""
+        if not self.spend_output(channel, kind, size):
+            return False
+        self._out.append(HEADER.pack(kind, channel, size))
+        return True
+
+    def spend_output(self, channel: int, kind: FrameKind, size: int) -> bool:
+        """Take the credit of ``size`` bytes of output that is delivered in this process
+        rather than framed (an HTTP output stream reads it: transport/direct.py), by
+        `send_output`'s rules; False once the channel has ended."""
         if self.stage is Stage.CLOSING:
             return False
         record = self.channels.live.get(channel)
@@ -602,7 +611,6 @@ class ServerConnection:
         if record.output is not None and not record.output.spend(size):
             raise LocalProtocolError(f"channel {channel}: {size} bytes of output exceed "
                                      f"its credit of {record.output.available}")
-        self._out.append(HEADER.pack(kind, channel, size))
         return True
 
     def send_exit(self, channel: int, status: Exit) -> bool:

@@ -8,6 +8,7 @@ cancels every connection, which kills and reaps every process.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from ..backends.base import Backend
 from ..backends.local import ChildBackend, LocalBackend
 from ..protocol.messages import HTTP
 from ..protocol.server import ServerConnection
+from ..transport.direct import OutputReader
 from ..transport.readiness import ReadableService
 from ..transport.streams import (
     SocketByteStream,
@@ -348,12 +350,13 @@ class Server:
         await self._handle(SocketTransport(sock), hello.peer, hello.principal)
 
     async def _handle(self, transport: Transport, peer: Peer,
-                      linked: str | bool | None = False) -> None:
+                      linked: str | bool | None = False,
+                      reader: OutputReader | None = None) -> None:
         try:
             assert self._connection_tasks is not None
             handler = ConnectionHandler(transport, peer, self.registry, self.gate,
                                         self._connection_tasks, self._handler_closed,
-                                        linked)
+                                        linked, reader)
             self.handlers.add(handler)
             await handler.run()
         except Exception:  # one connection's bug must not take the server down
@@ -409,7 +412,7 @@ class Server:
                 return StreamTransport(stream)
             # (each request's head within the handshake timeout: the front door's own)
             upgraded = await self._front_door().serve(stream, peer, listener,
-                                                      lambda: self._inner(peer))
+                                                      functools.partial(self._inner, peer))
             handed_off = upgraded is not None
             return upgraded
         finally:
@@ -431,13 +434,15 @@ class Server:
                                   head_timeout=self.settings.handshake_timeout)
         return self._web
 
-    async def _inner(self, outer: object) -> Transport:
+    async def _inner(self, outer: object, reader: OutputReader | None = None) -> Transport:
         """A connection of this server's own for an HTTP API request of ``outer`` (its
-        peer `http:ADDR`): served like any other, and counted in the HTTP connection."""
+        peer `http:ADDR`): served like any other, and counted in the HTTP connection;
+        with ``reader``, its channels' output is handed to it (transport/direct.py)."""
         ours, theirs = socket.socketpair()
         assert self._connection_tasks is not None
         self._connection_tasks.start_soon(self._handle, SocketTransport(ours),
-                                          Peer(HTTP, host=getattr(outer, "host", "")))
+                                          Peer(HTTP, host=getattr(outer, "host", "")),
+                                          False, reader)
         return SocketTransport(theirs)
 
 

@@ -16,9 +16,13 @@ import anyio.abc
 import h11
 
 from ..defaults import HTTP_RECEIVE
-from ..transport.streams import Transport
+from ..transport.direct import OutputReader
+from ..transport.streams import Buffer, SocketByteStream, Transport, unsent
 
 API_PREFIX = "/api/v1/"
+# Opens a protocol-v1 connection to this server for one request; given a reader, its
+# channels' output is handed to that reader in this process (transport/direct.py).
+Inner = Callable[[OutputReader | None], Awaitable[Transport]]
 REASONS = {200: b"OK", 201: b"Created", 204: b"No Content", 400: b"Bad Request",
            401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
            405: b"Method Not Allowed", 409: b"Conflict", 413: b"Content Too Large",
@@ -42,10 +46,11 @@ class Exchange:
     peer_host: str
     encrypted: bool
     host: str
-    inner: Callable[[], Awaitable[Transport]]
+    inner: Inner
     foreign: str | None  # why it is not from this server's own pages (Host, Origin), or None
     piece_timeout: float = math.inf  # seconds each piece of a body may take to come
     _body_done: bool = field(default=False, init=False)
+    _chunked: bool = field(default=False, init=False)  # the streamed answer's framing
 
     @property
     def method(self) -> str:
@@ -128,12 +133,25 @@ class Exchange:
         self._no_body()
         if not self._body_done:
             extra.append(("Connection", "close"))
-        await self.stream.send(self.conn.send(_response(200, extra)) or b"")
+        head = self.conn.send(_response(200, extra)) or b""
+        # h11 chose the body's framing: chunks, or (an HTTP/1.0 client) until the close
+        self._chunked = b"transfer-encoding: chunked" in head.lower()
+        await self.stream.send(head)
 
-    async def send(self, data: bytes) -> None:
-        """A piece of a streamed answer."""
-        if data:
-            await self.stream.send(self.conn.send(h11.Data(data=data)) or b"")
+    async def send(self, *parts: Buffer) -> None:
+        """A piece of a streamed answer, made of ``parts``: one chunk, framed here and sent
+        without copying them where the stream is a plain socket (h11 would join them)."""
+        size = sum(len(part) for part in parts)
+        if not size:
+            return
+        buffers: list[Buffer] = (
+            [b"%x\r\n" % size, *parts, b"\r\n"] if self._chunked else list(parts))
+        if isinstance(self.stream, SocketByteStream):
+            transport = self.stream.transport
+            while buffers:
+                buffers = unsent(buffers, await transport.send_some(buffers))
+        else:
+            await self.stream.send(b"".join(buffers))
 
     async def end_stream(self) -> None:
         await self.stream.send(self.conn.send(h11.EndOfMessage()) or b"")

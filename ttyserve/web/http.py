@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -30,8 +29,8 @@ from websockets.server import ServerProtocol
 from ..addresses import Address, is_loopback
 from ..defaults import HTTP_RECEIVE, WEBSOCKET_MAX_MESSAGE
 from ..protocol.frames import DEFAULT_MAX_FRAME, HEADER_SIZE
-from ..transport.streams import Transport, close_gracefully
-from .exchange import API_PREFIX, Exchange, WebApi
+from ..transport.streams import close_gracefully
+from .exchange import API_PREFIX, Exchange, Inner, WebApi
 from .origin import loopback_name, normal_origin, origin_allowed
 from .websocket import SUBPROTOCOL, WebSocketTransport
 
@@ -118,7 +117,7 @@ class FrontDoor:
         self.max_message = max(WEBSOCKET_MAX_MESSAGE, 2 * (max_frame + HEADER_SIZE))
 
     async def serve(self, stream: anyio.abc.ByteStream, peer: object, listener: Address,
-                    inner: Callable[[], Awaitable[Transport]] | None = None,
+                    inner: Inner | None = None,
                     ) -> WebSocketTransport | None:
         """Answer requests; the WebSocket transport once one upgrades, else None (then the
         caller closes the stream). ``inner`` opens a connection to this server for the API's
@@ -135,7 +134,7 @@ class FrontDoor:
         return None
 
     async def _serve(self, conn: h11.Connection, stream: anyio.abc.ByteStream, peer: object,
-                     listener: Address, inner: Callable[[], Awaitable[Transport]] | None,
+                     listener: Address, inner: Inner | None,
                      ) -> WebSocketTransport | None:
         head = bytearray()  # the raw request head while it arrives, for 414 and 431
         while True:

@@ -15,17 +15,15 @@ and the checks of the client, its `hello` and its heartbeat (peer_checks.py).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK, SOON_BYTES
+from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK
 from ...errors import RemoteProtocolError, RequestError
 from ...protocol.frames import FrameKind
 from ...protocol.messages import Attached, Exit, Offsets
@@ -45,8 +43,8 @@ from ...protocol.server import (
     StdinReceived,
     UnshareRequested,
 )
+from ...transport.direct import OutputReader
 from ...transport.outbox import Outbox, TaskStarter
-from ...transport.splice import discard
 from ...transport.streams import (
     Buffer,
     Transport,
@@ -59,6 +57,7 @@ from ..grants import Grant
 from ..journal import SessionDetach
 from ..registry.registry import SessionRegistry, restarting, shutting_down
 from ..sessions.stdin import StdinQueue
+from .output import DirectOutput, FramedOutput, flush
 from .peer_checks import PeerChecks
 from .reader import ClientReader
 from .remote import WorkerRequests
@@ -76,9 +75,11 @@ class ConnectionHandler:
     def __init__(self, transport: Transport, peer: Peer, registry: SessionRegistry, gate: Gate,
                  tasks: TaskStarter,
                  on_closed: Callable[[ConnectionHandler], None] | None = None,
-                 linked: str | bool | None = False) -> None:
+                 linked: str | bool | None = False, reader: OutputReader | None = None,
+                 ) -> None:
         """``linked``: a link from another worker, which admitted the client as this
-        principal (None: its `hello` carries a grant to check here)."""
+        principal (None: its `hello` carries a grant to check here); ``reader``: the
+        channels' output is read in this process (the HTTP API's streams)."""
         settings = registry.settings
         self.transport = transport
         self.reader = ClientReader(transport)
@@ -103,8 +104,9 @@ class ConnectionHandler:
         self.requests: SessionRequests = (
             WorkerRequests(mesh) if mesh is not None and mesh.workers > 1
             and not self.checks.link else HERE)
-        self._unflushed = 0  # output framed by `send_output_soon` and not handed on yet
-        self._flush_soon = False  # a flush at the end of this turn of the loop is due
+        self.output: FramedOutput | DirectOutput = (
+            FramedOutput(self.core, self.outbox, self.checks) if reader is None
+            else DirectOutput(self.core, reader))
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -192,64 +194,24 @@ class ConnectionHandler:
 
     def flush(self) -> None:
         """Hand what the core framed to the writer, without waiting."""
-        self._unflushed = 0
-        if self.core.pending and not self.outbox.broken:
-            if (heartbeat := self.checks.heartbeat) is not None:
-                heartbeat.last_sent = time.monotonic()
-            try:
-                self.outbox.push(self.core.data_to_send())
-            except anyio.BrokenResourceError:
-                pass  # the outbox has stopped the reader: the connection is going
+        flush(self.core, self.outbox, self.checks)
 
     def output_limit(self, channel: int) -> int:
-        return self.core.output_limit(channel) if self.outbox.has_room else 0
+        return self.output.limit(channel)
 
     def send_output(self, channel: int, kind: FrameKind, data: Buffer) -> None:
-        if self.core.send_output(channel, kind, data):
-            self.flush()
+        self.output.send(channel, kind, data)
+
+    def send_output_soon(self, channel: int, kind: FrameKind, data: Buffer) -> None:
+        self.output.send_soon(channel, kind, data)
 
     @property
     def splices(self) -> bool:
         """Whether output may be spliced from a pipe into this connection (a Unix socket)."""
-        return self.outbox.splices
+        return self.output.splices
 
     def splice_output(self, channel: int, kind: FrameKind, pipe: int, size: int) -> None:
-        """Frame the next ``size`` bytes of ``pipe`` as output, moved by the kernel (what the
-        socket does not take now, once it does: see the outbox); dropped if nothing can go."""
-        core = self.core
-        if not core.send_output_header(channel, kind, size):
-            discard(pipe, size)
-            return
-        if (heartbeat := self.checks.heartbeat) is not None:
-            heartbeat.last_sent = time.monotonic()
-        self._unflushed = 0
-        try:
-            self.outbox.push_from_pipe(core.data_to_send(), pipe, size)
-        except anyio.BrokenResourceError:
-            pass  # the outbox has stopped the reader: the connection is going
-
-    def send_output_soon(self, channel: int, kind: FrameKind,
-                         data: Buffer) -> None:
-        """Frame output that may go at the end of this turn of the loop: an observer's, so
-        the frames of a chunk to every observer on this connection go in one send (never
-        more than SOON_BYTES wait so, unseen by the send queue's bound)."""
-        if not self.core.send_output(channel, kind, data):
-            return
-        self._unflushed += len(data)
-        if self._unflushed >= SOON_BYTES:
-            self.flush()
-        elif not self._flush_soon:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # (not asyncio's loop: no callbacks to wait for)
-                self.flush()
-                return
-            self._flush_soon = True
-            loop.call_soon(self._flush_now)
-
-    def _flush_now(self) -> None:
-        self._flush_soon = False
-        self.flush()
+        self.output.splice(channel, kind, pipe, size)
 
     @property
     def link(self) -> bool:
@@ -263,7 +225,7 @@ class ConnectionHandler:
         self.core.refuse(channel, error)
 
     def send_skipped(self, channel: int, size: int, offsets: Offsets) -> None:
-        self.core.send_skipped(channel, size, offsets)
+        self.output.skipped(channel, size, offsets)
 
     def send_audience(self, channel: int, observers: int) -> None:
         if self.core.send_audience(channel, observers):

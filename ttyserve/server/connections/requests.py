@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ...errors import ErrorCode, RequestError
-from ...protocol.messages import OBSERVER, Opened, Sessions, Shared, Unshared
+from ...protocol.messages import OBSERVER, Attach, Opened, Sessions, Shared, Unshared
 from ...protocol.server import (
     AttachRequested,
     ListRequested,
@@ -107,8 +107,8 @@ class SessionRequests:
                                               handler.grant)
         except RequestError as exc:
             if patient and exc.code == ErrorCode.SESSION_IN_USE and (
-                    held := _held_over_link(handler, request.session)) is not None:
-                return functools.partial(self._attach_once_let_go, handler, event, held)
+                    wait := _patience(handler, request)) is not None:
+                return functools.partial(self._attach_once_let_go, handler, event, *wait)
             handler.core.refuse(channel, exc)
             return None
         grant = handler.grant.id if handler.grant is not None else None
@@ -123,15 +123,18 @@ class SessionRequests:
                                    role=request.role, grant=grant)
         return None
 
-    async def _attach_once_let_go(self, handler: ConnectionHandler,
-                                  event: AttachRequested, session: ServerSession) -> None:
-        """An attach that meets a writer from another worker: a client that has just left
-        that worker's connection and come back here may be quicker than the news of its
-        leaving (the link's end), which it would meet as `session_in_use` where a single
-        process would not; such a writer is given LINK_LET_GO seconds to let go."""
-        with anyio.move_on_after(LINK_LET_GO):
-            await session.wait_writer_gone()
-        self.attach_requested(handler, event, patient=False)
+    async def _attach_once_let_go(self, handler: ConnectionHandler, event: AttachRequested,
+                                  session: ServerSession, wait: float) -> None:
+        """An attach that meets a writer, tried again once it let go or ``wait`` seconds
+        passed: one that asked to wait (`wait`: the HTTP door's output stream, whose role an
+        HTTP write took for a moment), or one that meets a writer from another worker (a
+        client that has just left that worker's connection and come back here may be
+        quicker than the news of its leaving, the link's end, which it would meet as
+        `session_in_use` where a single process would not: LINK_LET_GO)."""
+        deadline = anyio.current_time() + wait
+        await handler.reader.interruptibly(session.wait_writer_gone(), deadline)
+        if not handler.core.closing:  # (a connection closed meanwhile attaches nothing)
+            self.attach_requested(handler, event, patient=False)
 
     def share_requested(self, handler: ConnectionHandler, event: ShareRequested) -> Later | None:
         try:
@@ -161,11 +164,17 @@ class SessionRequests:
         return None
 
 
-def _held_over_link(handler: ConnectionHandler, session_id: str) -> ServerSession | None:
-    """The session, when its writer came over a link from another worker."""
-    session = handler.registry.sessions.get(session_id)
-    sink = session.sink if session is not None else None
-    return session if isinstance(sink, Attachment) and sink.host.link else None
+def _patience(handler: ConnectionHandler, request: Attach) -> tuple[ServerSession, float] | None:
+    """The session an attach met a writer of, and how long to wait for it to let go: what
+    the attach asked (`wait`), or LINK_LET_GO when the writer came over a link from
+    another worker; None to answer session_in_use now."""
+    session = handler.registry.sessions.get(request.session)
+    if session is None:
+        return None
+    if request.wait:
+        return session, request.wait
+    sink = session.sink
+    return (session, LINK_LET_GO) if isinstance(sink, Attachment) and sink.host.link else None
 
 
 HERE = SessionRequests()  # the requests of a single process's connections, and of links
