@@ -162,7 +162,8 @@ def test_records_of_a_normal_life(short_dir: Path) -> None:
     # The bytes on disk are the contract's format: the tag first, a spawn failure's null pid
     # written, members left None omitted.
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
-    assert list(lines[0]) == ["event", "id", "at", "peer", "argv", "pty", "pid", "start_time"]
+    assert list(lines[0]) == ["event", "id", "at", "peer", "argv", "pty", "pid", "principal",
+                              "start_time"]
     assert lines[0]["event"] == "session.start" and lines[0]["start_time"] > 0
     failed_start = next(line for line in lines if line["id"] == started[1].id)
     assert failed_start["pid"] is None and "start_time" not in failed_start

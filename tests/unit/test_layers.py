@@ -30,7 +30,7 @@ LAYERS = [
 # Inside server/, bottom first: what every part uses, one session, what attaches to it, the
 # sessions of the server, one connection, and the server itself.
 SERVER_LAYERS = [
-    {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "policy",
+    {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "principals", "policy",
      "settings", "config", "mesh", "activation", "accepting"},
     {"sessions"},
     {"channels"},

@@ -32,6 +32,7 @@ from ..server.listener import Server
 from ..server.mesh import (
     READY,
     REFUSED,
+    RELOAD,
     STOP,
     UPGRADE,
     UPGRADED,
@@ -176,6 +177,13 @@ def _checked(config: ServerSettings, made: str | None, serving: list[Address] | 
     or a fresh one), the TLS context. Raises UsageError, AddressError, ConfigError or
     ValueError."""
     addresses = serving or listen_addresses(config)
+    if config.principals and not config.stdio:  # their tokens are the only ones
+        if config.token_file or os.environ.get("TTYSERVE_TOKEN"):
+            raise UsageError("--principals names every token the server takes: give no "
+                             "--token-file (nor TTYSERVE_TOKEN) beside it")
+        config.access  # noqa: B018  (read once now: ConfigError, exit 3, if unusable)
+        check_exposure(addresses, "principals", config)
+        return addresses, None, None, server_tls(config, addresses)
     token = None if config.stdio else read_token(config.token_file)
     generated: str | None = None
     if token is None and any(a.web for a in addresses):  # section 8: a fresh one, shown
@@ -337,6 +345,9 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                           link, leases, journal, containment, activated)
 
 
+_COMMANDS = {signal.SIGUSR2: UPGRADE, signal.SIGHUP: RELOAD}  # (the others: a shutdown)
+
+
 class Orders:
     """What a serving process is told, by signals or (a worker) by its supervisor alone:
     drain, force, upgrade in place."""
@@ -361,6 +372,8 @@ class Orders:
         server = self.server
         if command == UPGRADE:
             upgrades.start_soon(self.upgrade)
+        elif command == RELOAD and not self.config.stdio:
+            server.reload()
         elif not server.stopping:
             log.info("%s: shutting down gracefully", command)
             server.shutdown()
@@ -376,7 +389,7 @@ class Orders:
                     log.warning("%s: ignored: signals go to the supervisor (pid %d)",
                                 signal.Signals(signum).name, os.getppid())
                     continue
-                self.act(UPGRADE if signum == signal.SIGUSR2 else signal.Signals(signum).name,
+                self.act(_COMMANDS.get(signal.Signals(signum)) or signal.Signals(signum).name,
                          upgrades)
 
 

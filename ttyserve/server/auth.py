@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ErrorCode, RequestError
 from .grants import Grant, Grants
+from .principals import Principals
 
 log = logging.getLogger("ttyserve")
 
@@ -66,10 +67,12 @@ def peer_of(sock: socket.socket, transport: str) -> Peer:
 @dataclass(frozen=True)
 class Access:
     """Who may connect: the token TCP and TLS peers must send, the uids allowed on Unix
-    sockets besides the server's own."""
+    sockets besides the server's own; or, with `--principals`, the principals' tokens on
+    every listener."""
 
     token: str | None = None
     allowed_uids: frozenset[int] = field(default_factory=frozenset)
+    principals: Principals | None = None
 
 
 def principal_of(peer: Peer) -> str:
@@ -82,6 +85,10 @@ def refusal(access: Access, peer: Peer, token: str | None) -> str | None:
     """Why this peer may not go on (for the log, never for the peer), or None."""
     if peer.transport == "stdio":
         return None  # the carrier (ssh, kubectl) authenticated it; no token is asked
+    if access.principals is not None:  # a uid alone is not enough then
+        if access.principals.named_by(token) is not None:
+            return None
+        return "missing token" if token is None else "a token of no principal"
     if peer.transport == "unix":
         if peer.uid == os.getuid() or peer.uid in access.allowed_uids:
             return None
@@ -158,13 +165,25 @@ class Gate:
 
         The reason goes to the log; the peer only learns that it was refused.
         """
-        reason = refusal(self.access, peer, token)
+        access = self.access
+        reason = refusal(access, peer, token)
         if reason is not None:
             self.throttle.failed(peer)
             log.warning("%s: unauthorized: %s", peer, reason)
             raise RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong token, or a peer "
                                "that is not allowed")
+        if access.principals is not None and peer.transport != "stdio":
+            principal = access.principals.named_by(token)
+            assert principal is not None  # (refusal said so)
+            return principal.name
         return principal_of(peer)
+
+    def may_run_here(self, principal: str) -> bool:
+        """Whether ``principal`` may run sessions on this host (`local` in the principals
+        file; every principal may without one)."""
+        principals = self.access.principals
+        found = principals.get(principal) if principals is not None else None
+        return found is None or found.local
 
     def admit_grant(self, peer: Peer, secret: str, grants: Grants) -> Grant:
         """The open grant ``secret`` names (section 11): it admits the peer on any listener,

@@ -62,8 +62,19 @@ class SessionStart(Record, tag="session.start", kw_only=True):
     argv: list[str]
     pty: bool
     pid: int | None  # null when the spawn failed: always written
+    principal: str | None = None  # whom it belongs to: a principal's name (--principals),
+    # else `token` or `uid:N` (section 9); none in an older server's record
     start_time: int | None = None  # the process's start, clock ticks since boot
     cgroup: str | None = None  # the directory of its cgroup, where the server contains trees
+
+
+class SessionRefused(Record, tag="session.refused", kw_only=True):
+    """An `open` refused for who asked or where (contracts.md, "One door to many hosts"):
+    `id` is the one the session would have had."""
+
+    principal: str
+    target: str | None = None  # the target it named, or null for this host
+    code: str
 
 
 class SessionEnd(Record, tag="session.end", kw_only=True):
@@ -325,12 +336,14 @@ class Journal:
         return ends
 
     def start_record(self, session_id: str, peer: str, argv: list[str], pty: bool,
-                     pid: int | None, cgroup: str | None = None) -> SessionStart:
+                     pid: int | None, principal: str, cgroup: str | None = None,
+                     ) -> SessionStart:
         """A session's `session.start` (with its process's start time, which tells the pid
         from its reuse after a crash, and its cgroup, which a crash's recovery kills)."""
         start_time = process_start_time(pid) if pid is not None else None
         return SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv, pty=pty,
-                            pid=pid, start_time=start_time, cgroup=cgroup)
+                            pid=pid, principal=principal, start_time=start_time,
+                            cgroup=cgroup)
 
     def close(self) -> None:
         os.close(self.fd)

@@ -8,6 +8,7 @@ cancels every connection, which kills and reaps every process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -23,6 +24,7 @@ import anyio.abc
 from ..addresses import Address
 from ..backends.base import Backend
 from ..backends.local import ChildBackend, LocalBackend
+from ..errors import ConfigError, ErrorCode, RequestError
 from ..protocol.messages import HTTP
 from ..protocol.server import ServerConnection
 from ..transport.direct import OutputReader
@@ -103,6 +105,32 @@ class Server:
         """Begin the graceful drain (idempotent)."""
         self._stop.set()
         self._wake.set()
+
+    def reload(self) -> None:
+        """SIGHUP: read the principals file again. One that cannot be used keeps the old
+        principals (and says why); a principal no longer in it has its connections closed
+        and its sessions hung up as a shutdown does."""
+        if not self.settings.principals:
+            log.info("SIGHUP: nothing to read again (no --principals)")
+            return
+        old = self.gate.access
+        try:
+            new = dataclasses.replace(old, principals=self.settings.access.principals)
+        except ConfigError as exc:
+            log.error("SIGHUP: %s: the principals read before are kept", exc)
+            return
+        assert old.principals is not None and new.principals is not None
+        self.gate.access = new
+        gone = {principal.name for principal in old.principals} - {
+            principal.name for principal in new.principals}
+        log.info("SIGHUP: %d principal(s) from %s%s", len(new.principals),
+                 self.settings.principals, f"; removed: {', '.join(sorted(gone))}" if gone
+                 else "")
+        for handler in [h for h in self.handlers if h.principal in gone]:
+            handler.close(RequestError(ErrorCode.UNAUTHORIZED,
+                                       "this connection's principal was removed"))
+        self.registry.hang_up([session for session in self.registry.sessions.values()
+                               if session.owner in gone])
 
     def force(self) -> None:
         """End now: cancel every session, kill and reap its processes."""

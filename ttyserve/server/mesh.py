@@ -30,7 +30,7 @@ from .handover import ListenerState
 WORKER_ENV = "TTYSERVE_WORKER"  # a worker's WorkerSpec, as JSON
 LINK_HELLO_LIMIT = 4096  # the longest LinkHello a link listener reads
 # What a supervisor tells its workers over their control sockets (besides connections).
-STOP, FORCE, UPGRADE = "stop", "force", "upgrade"
+STOP, FORCE, UPGRADE, RELOAD = "stop", "force", "upgrade", "reload"
 
 
 class Report(msgspec.Struct, kw_only=True, omit_defaults=True):

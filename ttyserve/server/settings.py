@@ -44,6 +44,7 @@ from ..protocol.frames import DEFAULT_MAX_FRAME
 from ..web.origin import normal_origin
 from .auth import Access
 from .policy import Policy
+from .principals import load_principals
 
 _checking = contextvars.ContextVar("_checking", default=False)  # __post_init__'s own convert
 _ORIGIN = re.compile(r"https?://([a-z0-9.\-]+|\[[0-9a-f:.]+\])(:\d{1,5})?")
@@ -70,6 +71,10 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token_file: Annotated[str | None, option(
         "file (mode 600) holding the token TCP and TLS clients must send (or the token itself "
         "in TTYSERVE_TOKEN)", "FILE")] = None
+    principals: Annotated[str | None, option(
+        "TOML file of named principals, each known by its token's SHA-256, with the targets "
+        "it may open and whether it may run sessions here: every listener then admits only "
+        "their tokens (read again at SIGHUP)", "FILE")] = None
     tls_cert: Annotated[str | None, option(
         "certificate chain (PEM) for tls: listeners", "FILE")] = None
     tls_key: Annotated[str | None, option("private key (PEM) for tls: listeners", "FILE")] = None
@@ -209,8 +214,11 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def access(self) -> Access:
-        """Who may connect: the token, the uids allowed besides the server's own."""
-        return Access(token=self.token, allowed_uids=frozenset(self.allow_uid))
+        """Who may connect: the token, the uids allowed besides the server's own, or the
+        principals (the file read now: ConfigError naming it when it cannot be used)."""
+        return Access(token=self.token, allowed_uids=frozenset(self.allow_uid),
+                      principals=load_principals(self.principals) if self.principals
+                      else None)
 
     @property
     def policy(self) -> Policy:

@@ -39,6 +39,7 @@ from .mesh import (
     FORCE,
     READY,
     REFUSED,
+    RELOAD,
     STOP,
     UPGRADE,
     UPGRADED,
@@ -290,6 +291,9 @@ class Supervisor:
         async for signum in signals:
             if signum == signal.SIGUSR2:
                 self._begin_upgrade()
+                continue
+            if signum == signal.SIGHUP:  # each worker reads the files again
+                self._tell_all(RELOAD)
                 continue
             if self.stopping:
                 log.warning("%s again: forcing shutdown", signal.Signals(signum).name)

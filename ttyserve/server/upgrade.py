@@ -49,7 +49,7 @@ log = logging.getLogger("ttyserve")
 DRY_RUN_TIMEOUT = 60.0  # seconds the new code has to show that it starts
 # Blocked across the execve; the new code restores the mask there was once it receives them
 # (serve.py), so what a carrier or supervisor blocked stays blocked.
-HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
+HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP})
 
 
 def entry_point() -> list[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ...errors import ErrorCode, RequestError
+from ...ids import new_session_id
 from ...protocol.messages import OBSERVER, Attach, Opened, Sessions, Shared, Unshared
 from ...protocol.server import (
     AttachRequested,
@@ -24,7 +25,7 @@ from ...protocol.server import (
 from ..channels.attachment import Attachment
 from ..channels.observer import Observer
 from ..channels.route import Later
-from ..journal import SessionAttach
+from ..journal import SessionAttach, SessionRefused
 from ..sessions.session import ServerSession
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ class SessionRequests:
         """The connection ends (nothing of its own to let go here)."""
 
     def open_requested(self, handler: ConnectionHandler, event: OpenRequested) -> Later | None:
+        if not handler.gate.may_run_here(handler.principal):
+            self._refused(handler, event.channel, RequestError(
+                ErrorCode.FORBIDDEN, f"principal {handler.principal!r} may not run sessions "
+                "on this host (local = false in the principals file)"))
+            return None
         if self._open_now(handler, event):
             return None
         return functools.partial(self._open, handler, event)
@@ -60,6 +66,15 @@ class SessionRequests:
     def list_requested(self, handler: ConnectionHandler, event: ListRequested) -> Later | None:
         handler.core.answer(Sessions(sessions=handler.registry.listing(handler.principal)))
         return None
+
+    @staticmethod
+    def _refused(handler: ConnectionHandler, channel: int, error: RequestError,
+                 target: str | None = None) -> None:
+        """Refuse an `open` for who asked or where, and journal it (`session.refused`)."""
+        handler.core.refuse(channel, error)
+        handler.registry.ends.record_soon(
+            SessionRefused, new_session_id(), principal=handler.principal, target=target,
+            code=str(error.code))
 
     def _open_now(self, handler: ConnectionHandler, event: OpenRequested) -> bool:
         """Answer an `open` that needs no waiting (no journal to write first); False when it

@@ -180,7 +180,7 @@ class SessionRegistry:
             except OSError as exc:
                 failure = exc.errno
                 await self.ends.record(lambda journal: journal.append(
-                    journal.start_record(session_id, peer, spec.argv, spec.pty, None),
+                    journal.start_record(session_id, peer, spec.argv, spec.pty, None, owner),
                     SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
                                errno=failure)))
                 raise _spawn_failed(exc, peer) from exc
@@ -191,7 +191,7 @@ class SessionRegistry:
             # owner.
             session.life.started(await self.ends.record(lambda journal: journal.append(
                 journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
-                                     process.cgroup_path))))
+                                     owner, process.cgroup_path))))
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -381,6 +381,7 @@ class SessionRegistry:
         if (session is not None and session.owner == owner and session.final is not None
                 and session.sink is None):
             self.forget(session)
+
     def sweep(self, now: float) -> float | None:
         """Hang up detached sessions nobody attached for their detached timeout (journal:
         abandoned), drop ended ones whose exit nobody came for, and those whose exit went
@@ -421,16 +422,20 @@ class SessionRegistry:
         does, detached ones included (SIGHUP to its process group, and what still runs
         KILL_GRACE seconds later killed), and ends as its process does, its exit sent."""
         self.closing = True
-        for session in list(self.sessions.values()):
+        self.hang_up(list(self.sessions.values()))
+
+    def hang_up(self, sessions: list[ServerSession]) -> None:
+        """Hang ``sessions`` up as a shutdown does (a principal removed from the file)."""
+        for session in sessions:
             if session.final is None:
                 session.hang_up()
         assert self.task_group is not None, "SessionRegistry.running() is not entered"
-        self.task_group.start_soon(self._kill_after_grace)
+        self.task_group.start_soon(self._kill_after_grace, sessions)
 
-    async def _kill_after_grace(self) -> None:
+    async def _kill_after_grace(self, sessions: list[ServerSession]) -> None:
         await anyio.sleep(KILL_GRACE)
-        self._killing = True
-        for session in list(self.sessions.values()):
+        self._killing = self._killing or self.closing
+        for session in sessions:
             session.kill()
 
     async def _end_all(self) -> None:
