@@ -3,21 +3,28 @@
 supervisor and its workers together, after a warm-up and after every round of sessions.
 
     python -m benchmarks.server_memory [--sessions 102000] [--round 6000] [--keep-ended 1]
+                                       [--faults]
 
 Each round drives the mix of benchmarks.session_memory (plain pipe and PTY sessions, stdin
 echoed back, cancels, multiplexed connections, detach and attach again from a new
 connection, which lands on either worker and so often goes over a hop, and connections
 dropped mid-session), two clients of each kind at once, then waits past --keep-ended and
 the server's trim before reading /proc. Prints the total and its growth since the warm-up.
+With --faults, one worker is SIGKILLed in the middle of every round (the supervisor starts
+another; the sessions it held end with exit -1, their clients go on with the next).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -27,14 +34,24 @@ from .session_memory import KINDS, drive
 SETTLE = 8.0  # seconds after a round: past keep-ended and the server's malloc trim
 
 
-def server_rss_kib(pid: int) -> tuple[int, int]:
-    """The RSS of ``pid`` and its ttyserve children (the workers), and how many they are."""
+def workers_of(pid: int) -> list[int]:
+    """The ttyserve processes among ``pid``'s children (its workers)."""
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    total = count = 0
-    for each in [pid, *map(int, children.stdout.split())]:
+    found = []
+    for each in map(int, children.stdout.split()):
         try:
-            if b"ttyserve" not in Path(f"/proc/{each}/cmdline").read_bytes():
-                continue
+            if b"ttyserve" in Path(f"/proc/{each}/cmdline").read_bytes():
+                found.append(each)
+        except OSError:
+            continue
+    return found
+
+
+def server_rss_kib(pid: int) -> tuple[int, int]:
+    """The RSS of ``pid`` and its workers together, and how many processes they are."""
+    total = count = 0
+    for each in [pid, *workers_of(pid)]:
+        try:
             status = Path(f"/proc/{each}/status").read_text()
         except OSError:
             continue
@@ -44,11 +61,22 @@ def server_rss_kib(pid: int) -> tuple[int, int]:
     return total, count
 
 
-def mix(address: str, sessions: int, seed: int) -> None:
+def kill_a_worker(pid: int, rng: random.Random) -> None:
+    if workers := workers_of(pid):
+        os.kill(rng.choice(workers), signal.SIGKILL)
+
+
+def mix(address: str, sessions: int, seed: int, fault: Callable[[], None] | None = None,
+        ) -> None:
+    """A round of the mix; ``fault`` runs once, in a thread, while it is under way."""
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             for n, kind in enumerate(KINDS):
-                tg.start_soon(drive, kind, address, sessions // len(KINDS), 2, seed * 10 + n)
+                tg.start_soon(drive, kind, address, sessions // len(KINDS), 2, seed * 10 + n,
+                              fault is not None)
+            if fault is not None:
+                await anyio.sleep(1.0)  # (well into the round)
+                await anyio.to_thread.run_sync(fault)
     anyio.run(main)
 
 
@@ -58,7 +86,10 @@ def main() -> None:
     parser.add_argument("--round", type=int, default=6000)
     parser.add_argument("--warm-up", type=int, default=1200)
     parser.add_argument("--keep-ended", type=float, default=1.0)
+    parser.add_argument("--faults", action="store_true",
+                        help="SIGKILL a worker in the middle of every round")
     args = parser.parse_args()
+    rng = random.Random(38)
     directory = tempfile.mkdtemp(prefix="ttyserve-memory-")
     address = f"unix:{directory}/s.sock"
     with open(f"{directory}/stderr", "w") as stderr:
@@ -76,7 +107,8 @@ def main() -> None:
               flush=True)
         done = 0
         while done < args.sessions:
-            mix(address, args.round, 2 + done // args.round)
+            mix(address, args.round, 2 + done // args.round,
+                (lambda: kill_a_worker(server.pid, rng)) if args.faults else None)
             done += args.round
             time.sleep(SETTLE)
             now, _ = server_rss_kib(server.pid)

@@ -265,7 +265,10 @@ async def one(kind: str, address: str, rng: random.Random) -> None:
         raise ValueError(kind)
 
 
-async def drive(kind: str, address: str, sessions: int, workers: int, seed: int) -> int:
+async def drive(kind: str, address: str, sessions: int, workers: int, seed: int,
+                faults: bool = False) -> int:
+    """Run ``sessions`` of ``kind``; with ``faults`` (a worker killed under them), a session
+    that fails is counted as run and the next one goes on."""
     import anyio
 
     per_round = 4 if kind == "mux" else 1
@@ -273,7 +276,7 @@ async def drive(kind: str, address: str, sessions: int, workers: int, seed: int)
     left = [rounds]
 
     async def worker(n: int) -> None:
-        from ttyserve.errors import ErrorCode, RequestError
+        from ttyserve.errors import ErrorCode, RequestError, TtyserveError
 
         rng = random.Random(seed * 1000 + n)
         while left[0] > 0:
@@ -284,8 +287,14 @@ async def drive(kind: str, address: str, sessions: int, workers: int, seed: int)
                     break
                 except RequestError as exc:  # --max-sessions, the kept ones counted
                     if exc.code != ErrorCode.BUSY:
+                        if faults:
+                            break
                         raise
                     await anyio.sleep(0.05)
+                except (TtyserveError, OSError):
+                    if not faults:
+                        raise
+                    break
 
     async with anyio.create_task_group() as tg:
         for n in range(workers):

@@ -18,14 +18,17 @@ import anyio
 import anyio.abc
 from helpers import RawPeer
 
+from ttyserve.addresses import parse_address
 from ttyserve.backends.local import LocalBackend
+from ttyserve.protocol.messages import HTTP
 from ttyserve.server.auth import Access, Gate, Peer
 from ttyserve.server.connections.handler import ConnectionHandler
 from ttyserve.server.mesh import Census, Mesh, WorkerSpec
 from ttyserve.server.registry.registry import SessionRegistry
 from ttyserve.server.settings import ServerSettings
 from ttyserve.server.tasks import open_tasks
-from ttyserve.transport.streams import SocketTransport
+from ttyserve.transport.direct import OutputReader
+from ttyserve.transport.streams import SocketByteStream, SocketTransport
 
 ME = Peer("unix", uid=os.getuid(), pid=os.getpid())
 LinkServer = Callable[[socket.socket], Coroutine[Any, Any, None]]
@@ -49,11 +52,12 @@ class Worker:
         await self._serve(SocketTransport(sock), hello.peer, hello.principal, self.links)
 
     async def _serve(self, transport: SocketTransport, peer: Peer, linked: str | bool | None,
-                     into: list[ConnectionHandler]) -> None:
+                     into: list[ConnectionHandler], reader: OutputReader | None = None,
+                     ) -> None:
         assert self.tasks is not None
         async with open_tasks(self.tasks) as tasks:
             handler = ConnectionHandler(transport, peer, self.registry, self.gate, tasks,
-                                        linked=linked)
+                                        linked=linked, reader=reader)
             into.append(handler)
             await handler.run()
 
@@ -70,6 +74,49 @@ class Worker:
             yield RawPeer(transport)
         finally:
             await transport.aclose()
+
+
+    @contextlib.asynccontextmanager
+    async def http(self) -> AsyncIterator[SocketByteStream]:
+        """An HTTP client of this worker's API: the front door of a `ws:` listener on a
+        socket pair, each request's protocol-v1 connection served by this worker (peer
+        `http:`), as listener.py serves them."""
+        from ttyserve.api.routes import HttpApi
+        from ttyserve.web.http import FrontDoor
+
+        assert self.tasks is not None
+        door = FrontDoor(frozenset(), assets={}, api=HttpApi())
+
+        async def inner(reader: OutputReader | None = None) -> SocketTransport:
+            ours, theirs = _pair()
+            assert self.tasks is not None
+            self.tasks.start_soon(self._serve, SocketTransport(theirs),
+                                  Peer(HTTP, host="127.0.0.1"), False, self.handlers, reader)
+            return SocketTransport(ours)
+
+        async def serve(stream: SocketByteStream) -> None:
+            try:
+                await door.serve(stream, Peer("tcp", host="127.0.0.1"), WEB, inner)
+            finally:
+                await stream.aclose()
+
+        ours, theirs = _pair()
+        self.tasks.start_soon(serve, SocketByteStream(theirs))
+        client = SocketByteStream(ours)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+
+WEB = parse_address("ws:127.0.0.1:7681")  # the listener the front door is told it serves
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    return ours, theirs
 
 
 async def _accept_links(listening: socket.socket, serve: LinkServer,

@@ -30,11 +30,10 @@ from ..errors import (
 )
 from ..ids import GRANT_PATTERN
 from ..protocol.messages import (
-    HTTP,
+    INPUT,
     OBSERVER,
     PROTOCOL_VERSION,
-    STOLEN,
-    WRITER,
+    STREAM,
     Hello,
     Offsets,
     SessionInfo,
@@ -66,7 +65,6 @@ STATUS: dict[str, int] = {
     ErrorCode.SERVER_RESTARTING: 503}
 HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
 CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session's end
-HANDBACK_TRIES = 5  # attempts of a write to take the role from an HTTP stream
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
 JSON = "application/json"
 
@@ -223,16 +221,17 @@ class HttpApi:
         reader = StreamReader()
         async with connection(exchange, hello, reader=reader) as conn:
             try:  # the first stream is the session's attachment; the others observe
-                session = await conn.attach(session_id, offsets=offsets)
+                session = await conn.attach(session_id, offsets=offsets, role=STREAM)
             except RequestError as exc:
                 if exc.code not in (ErrorCode.SESSION_IN_USE, ErrorCode.FORBIDDEN):
                     raise  # (forbidden: an observer grant may only watch)
                 session = await conn.attach(session_id, offsets=offsets, role=OBSERVER)
 
             async def again(held: Offsets) -> Session:
-                """The writer role back, once the HTTP write that took it let go (the server
-                answers the attach then: `wait`)."""
-                return await conn.attach(session_id, offsets=held, wait=HANDBACK_WAIT)
+                """The writer role back, once the client that stole it (the CLI, the page, a
+                DELETE) let go: the server answers the attach then (`wait`)."""
+                return await conn.attach(session_id, offsets=held, role=STREAM,
+                                         wait=HANDBACK_WAIT)
 
             await stream_output(exchange, conn, session, reader, again)
 
@@ -260,21 +259,21 @@ class HttpApi:
     async def _write(self, exchange: Exchange, session_id: str,
                      act: Callable[[Connection, Session], Awaitable[None]],
                      leave: bool = True) -> None:
-        """What only the writer may do, attached as the session's writer for this request
-        (session_in_use while a client of the framed protocol holds it); then 204."""
+        """What only the writer may do, attached for this request's input (`input`: beside
+        an HTTP output stream, never in its place; session_in_use while a client of the
+        framed protocol is the writer), or, not to ``leave`` it (DELETE), as its writer,
+        taking it from whoever holds it; then 204."""
         hello = _hello(exchange)
-        ended: list[str | None] = []
         async with connection(exchange, hello, release=not leave) as conn:
-            session = await _writer(conn, session_id, hello.grant is not None, steal=not leave)
+            offsets = None if hello.grant is not None else (  # (a grant may not list: its
+                await _info(conn, session_id)).offsets  # ring's oldest byte, read and dropped)
+            session = await (conn.attach(session_id, offsets=offsets, role=INPUT) if leave
+                             else conn.attach(session_id, offsets=offsets, steal=True))
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_drain, session, ended)  # (else its output, unread, stops it)
+                tg.start_soon(_drain, session)  # (else what it is sent, unread, holds it up)
                 await act(conn, session)
                 if leave:
                     await session.detach()  # the drain ends at `detached` (or the exit)
-        if STOLEN in ended:  # what it sent after that reached nothing: never a quiet 204
-            raise ApiError(409, ErrorCode.SESSION_IN_USE, "another request took the session's "
-                           "input while this one wrote: some of it may not have reached it",
-                           retriable=True)
         await exchange.answer(204)
 
 
@@ -335,27 +334,6 @@ async def _info(conn: Connection, session_id: str) -> SessionInfo:
                    f"no session {session_id!r}: unknown, ended and collected, or not yours")
 
 
-async def _writer(conn: Connection, session_id: str, grant: bool,
-                  steal: bool = False) -> Session:
-    """The session attached as writer at the end of its output (a grant, which may not
-    `list`, from its ring's oldest byte: _leave reads the replay); session_in_use while a
-    client of the framed protocol is attached as its writer. An HTTP output stream that is
-    (on another worker) gives the role up for the moment (steal): it attaches again."""
-    if grant:
-        return await conn.attach(session_id, role=WRITER, steal=steal)
-    for _ in range(HANDBACK_TRIES):
-        info = await _info(conn, session_id)
-        try:
-            return await conn.attach(session_id, offsets=info.offsets, role=WRITER,
-                                     steal=steal or info.attached_by == HTTP)
-        except RequestError as exc:  # an HTTP stream took the role back meanwhile: again
-            if exc.code != ErrorCode.SESSION_IN_USE or (
-                    await _info(conn, session_id)).attached_by != HTTP:
-                raise
-    raise ApiError(409, ErrorCode.SESSION_IN_USE, "the session's HTTP output stream kept "
-                   "its writer role")
-
-
 async def _leave(session: Session) -> None:
     """Detach, and read until the server says so (or the exit came first), so that nothing
     this request sent is lost and the session is left detached for the next client."""
@@ -363,17 +341,12 @@ async def _leave(session: Session) -> None:
     await _drain(session)
 
 
-async def _drain(session: Session, ended: list[str | None] | None = None) -> None:
+async def _drain(session: Session) -> None:
     """Read and drop ``session``'s output (its ring keeps it for the output streams) until
-    its channel ends; a `detached` reason goes into ``ended``."""
-    try:
+    its channel ends."""
+    with contextlib.suppress(SessionDetached, SessionCancelled, ConnectionLost):
         while await session.receive() is not None:
-            pass
-    except SessionDetached as exc:
-        if ended is not None:
-            ended.append(exc.reason)
-    except (SessionCancelled, ConnectionLost):
-        pass
+            continue
 
 
 def _first(group: ExceptionGroup[Exception]) -> Exception:

@@ -51,6 +51,7 @@ from ..protocol.messages import (
     OBSERVER,
     WRITER,
     Attach,
+    AttachRole,
     Detach,
     Eof,
     Error,
@@ -163,7 +164,7 @@ class Connection:
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
                      cols: int | None = None, offsets: Offsets | None = None,
-                     resume: float | None = None, role: Role = WRITER,
+                     resume: float | None = None, role: AttachRole = WRITER,
                      wait: float | None = None) -> Session:
         """Take over a detachable session: its scrollback comes first, then live output, then
         its exit (even if it ended while detached). With ``rows`` and ``cols`` its terminal

@@ -42,6 +42,7 @@ from ..protocol.messages import (
     WRITER,
     Attach,
     Attached,
+    AttachRole,
     Audience,
     Detach,
     Detached,
@@ -52,7 +53,6 @@ from ..protocol.messages import (
     Offsets,
     Opened,
     Resize,
-    Role,
     Signal,
     SignalName,
     Skipped,
@@ -142,7 +142,7 @@ class Session:
 
     def __init__(self, link: Link, channel: int, *, windowed: bool,
                  resume: float | None = None, pty: bool | None = None,
-                 role: Role = WRITER) -> None:
+                 role: AttachRole = WRITER) -> None:
         self._link = link
         self.channel = channel  # on the connection's current link
         self.resume = resume  # seconds it may take to come back after a lost connection

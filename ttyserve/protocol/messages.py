@@ -23,6 +23,12 @@ Dimension = Annotated[int, msgspec.Meta(ge=1, le=10000)]
 Role = Literal["writer", "observer"]  # section 11: how a channel is attached to a session
 WRITER: Role = "writer"
 OBSERVER: Role = "observer"
+# The HTTP door's own two (section 13, this server's extension; only its requests may ask
+# for them): its output stream, the session's writer for its output, and its writes,
+# which send input beside a stream (watching as observers do) and never take its place.
+AttachRole = Literal["writer", "observer", "stream", "input"]
+STREAM: AttachRole = "stream"
+INPUT: AttachRole = "input"
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
 Offset = Annotated[int, msgspec.Meta(ge=0)]
@@ -82,7 +88,7 @@ class Attach(Message, tag="attach"):
     cols: Dimension | None = None
     steal: bool = False
     offsets: Offsets | None = None  # section 10: the bytes the client already holds
-    role: Role = WRITER  # section 11
+    role: AttachRole = WRITER  # section 11
     # This server's extension, for its HTTP door (section 13): a writer's attach that meets
     # another writer waits up to this many seconds for it to let go, then attaches (or
     # session_in_use), instead of session_in_use at once.
@@ -184,7 +190,7 @@ class Attached(Message, tag="attached"):
     dropped: int  # output bytes lost from the ring since the session started
     offsets: Offsets | None = None  # where this attach's output begins, per stream
     prologue: str | None = None  # escape sequences that restore a PTY's terminal modes
-    role: Role | None = None  # section 11: always sent by this server
+    role: AttachRole | None = None  # section 11: always sent by this server
 
 
 HTTP = "http"  # the peer kind of the HTTP API's requests (journal: http:ADDR), and list's

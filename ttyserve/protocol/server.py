@@ -458,7 +458,7 @@ class ServerConnection:
         if request.session != scope.session:
             return RequestError(ErrorCode.FORBIDDEN, "this grant is for session "
                                 f"{scope.session}, not {request.session}")
-        if request.role == WRITER and scope.role == OBSERVER:
+        if request.role != OBSERVER and scope.role == OBSERVER:
             return RequestError(ErrorCode.FORBIDDEN, "this grant lets its holder observe the "
                                 "session, not write to it: attach with role observer")
         return None

@@ -97,7 +97,8 @@ class SessionDetach(Record, tag="session.detach", kw_only=True):
     on without a client), or an observer's."""
 
     peer: str
-    role: str | None = None  # section 11: WRITER or OBSERVER (None: an older record's writer)
+    role: str | None = None  # section 11: WRITER or OBSERVER, or the HTTP API's STREAM or
+    # INPUT (None: an older record's writer)
     grant: str | None = None  # the public id of the grant it was attached through
     reason: str | None = None  # `detached`'s: stolen, revoked, expired
 

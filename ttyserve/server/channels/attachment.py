@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Protocol
 
 from ...errors import ErrorCode, RequestError
 from ...protocol.frames import FrameKind
-from ...protocol.messages import WRITER, Attached, Eof, Exit, Message, Offsets, Role
+from ...protocol.messages import (
+    STREAM,
+    WRITER,
+    Attached,
+    AttachRole,
+    Eof,
+    Exit,
+    Message,
+    Offsets,
+)
 from ...transport.streams import Buffer
 from ..sessions.scrollback import Chunk
 from ..sessions.sinks import LOST
@@ -119,7 +128,7 @@ class SessionChannel:
     session, the grant it came through; a writer's (`Attachment`) or an observer's."""
 
     __slots__ = ("channel", "grant", "host", "released", "session")
-    role: Role
+    role: AttachRole
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
                  grant: str | None = None) -> None:
@@ -140,6 +149,11 @@ class SessionChannel:
     def release(self, reason: str | None = None) -> None:
         """The session goes on without this channel: its last frame is `detached`."""
         raise NotImplementedError
+
+    def stdin_consumed(self, size: int) -> None:
+        """The process took ``size`` bytes of this channel's input (its credit back)."""
+        if not self.released:
+            self.host.stdin_consumed(self.channel, size)
 
     def resume(self) -> None:
         """The channel got credit or the connection room: what waited for it goes on."""
@@ -190,7 +204,7 @@ class Attachment(SessionChannel):
     """The sink of ``session`` on ``channel``: replay (if any), then live output, then exit."""
 
     __slots__ = ("_redraw", "_replay", "live")
-    role = WRITER
+    role: AttachRole = WRITER
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
                  grant: str | None = None) -> None:
@@ -219,7 +233,7 @@ class Attachment(SessionChannel):
         host.frame_attached(attachment, Attached(
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
-            prologue=session.prologue() if fresh else None, role=WRITER))
+            prologue=session.prologue() if fresh else None, role=cls.role))
         session.attach(attachment)
         if session.observers:
             attachment.audience(len(session.observers))
@@ -258,10 +272,6 @@ class Attachment(SessionChannel):
         if not self.released:
             self.host.send_audience(self.channel, observers)
 
-    def stdin_consumed(self, size: int) -> None:
-        if not self.released:
-            self.host.stdin_consumed(self.channel, size)
-
     def release(self, reason: str | None = None) -> None:
         """The session goes on without this channel: its last frame is `detached`."""
         if not self.released:
@@ -297,3 +307,11 @@ class Attachment(SessionChannel):
             self._redraw = False
             self.session.redraw()
         self.session.sink_ready()
+
+
+class StreamAttachment(Attachment):
+    """The HTTP door's output stream (section 13): the session's writer for its output,
+    beside which HTTP writes (`InputChannel`, observer.py) may send input."""
+
+    __slots__ = ()
+    role: AttachRole = STREAM

@@ -20,19 +20,20 @@ from typing import TYPE_CHECKING
 
 from ...defaults import REDRAW_INTERVAL
 from ...protocol.frames import FrameKind
-from ...protocol.messages import OBSERVER, Attached, Exit, Offsets
+from ...protocol.messages import INPUT, OBSERVER, Attached, AttachRole, Exit, Offsets
 from ..sessions.scrollback import CHUNK_COST, add_chunk
 from .attachment import ChannelHost, Chunks, SessionChannel, take
 
 if TYPE_CHECKING:
     from ..sessions.session import ServerSession
+    from .route import Later
 
 
 class Observer(SessionChannel):
     """One channel watching ``session``."""
 
     __slots__ = ("_exit", "_held", "_next", "_parked", "_skipped", "backlog", "limit_bytes")
-    role = OBSERVER
+    role: AttachRole = OBSERVER
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
                  grant: str | None = None) -> None:
@@ -66,7 +67,7 @@ class Observer(SessionChannel):
         host.frame_attached(observer, Attached(
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
-            prologue=session.prologue() if fresh else None, role=OBSERVER))
+            prologue=session.prologue() if fresh else None, role=cls.role))
         session.add_observer(observer)
         if begins[FrameKind.STDOUT] > held.stdout and session.spec.pty:
             session.redraw(unless_within=REDRAW_INTERVAL)  # (observers coming and going
@@ -158,3 +159,21 @@ class Observer(SessionChannel):
         self.host.send_skipped(self.channel, self._skipped, Offsets(
             stdout=self._next[FrameKind.STDOUT], stderr=self._next[FrameKind.STDERR]))
         self._skipped = 0
+
+
+class InputChannel(Observer):
+    """An HTTP write (section 13): input for a session whose writer, if any, is the HTTP
+    door's output stream. It watches as an observer does (what it is sent, its request
+    drops) and its input goes to the process, the input's credit back to it."""
+
+    __slots__ = ()
+    role: AttachRole = INPUT
+
+    def stdin(self, data: bytes) -> Later | None:
+        self.session.feeder = self
+        return super().stdin(data)
+
+    def leave(self) -> None:
+        if self.session.feeder is self:
+            self.session.feeder = None
+        super().leave()

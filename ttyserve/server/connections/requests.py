@@ -13,7 +13,18 @@ import anyio
 
 from ...errors import ErrorCode, RequestError
 from ...ids import new_session_id
-from ...protocol.messages import OBSERVER, Attach, Opened, Sessions, Shared, Unshared
+from ...protocol.messages import (
+    HTTP,
+    INPUT,
+    OBSERVER,
+    STREAM,
+    WRITER,
+    Attach,
+    Opened,
+    Sessions,
+    Shared,
+    Unshared,
+)
 from ...protocol.server import (
     AttachRequested,
     ListRequested,
@@ -22,8 +33,8 @@ from ...protocol.server import (
     ShareRequested,
     UnshareRequested,
 )
-from ..channels.attachment import Attachment
-from ..channels.observer import Observer
+from ..channels.attachment import Attachment, StreamAttachment
+from ..channels.observer import InputChannel, Observer
 from ..channels.route import Later
 from ..journal import SessionAttach, SessionRefused
 from ..sessions.session import ServerSession
@@ -117,6 +128,11 @@ class SessionRequests:
         """Take over a detachable session, or watch it (section 11): `attached`, its
         scrollback, then live output."""
         request, channel = event.request, event.channel
+        if request.role in (STREAM, INPUT) and handler.peer.transport != HTTP:
+            handler.core.refuse(channel, RequestError(
+                ErrorCode.BAD_REQUEST, f"role {request.role!r} is the HTTP API's own: attach "
+                "as writer or observer"))
+            return None
         try:
             session = handler.registry.attach(request, handler.principal, len(handler.routes),
                                               handler.grant)
@@ -127,13 +143,15 @@ class SessionRequests:
             handler.core.refuse(channel, exc)
             return None
         grant = handler.grant.id if handler.grant is not None else None
-        if request.role == OBSERVER:  # its size is not the terminal's
-            Observer.attach(handler, channel, session, request.offsets, grant)
+        if request.role in (OBSERVER, INPUT):  # its size is not the terminal's
+            (Observer if request.role == OBSERVER else InputChannel).attach(
+                handler, channel, session, request.offsets, grant)
         else:
             if session.final is None and (request.rows or request.cols):
                 rows, cols = session.size
                 session.resize(request.rows or rows, request.cols or cols)
-            Attachment.attach(handler, channel, session, request.offsets, grant)
+            (Attachment if request.role == WRITER else StreamAttachment).attach(
+                handler, channel, session, request.offsets, grant)
         handler.registry.ends.note_soon(session, SessionAttach, str(handler.peer),
                                    role=request.role, grant=grant)
         return None

@@ -28,8 +28,10 @@ from ...ids import SESSION, JournalIds, new_session_id
 from ...protocol.frames import FrameKind
 from ...protocol.messages import (
     HTTP,
+    INPUT,
     OBSERVER,
     STOLEN,
+    STREAM,
     Attach,
     Offsets,
     Open,
@@ -289,11 +291,16 @@ class SessionRegistry:
                                    "with has expired or was revoked")
             owner = grant.owner
         session = self.owned(request.session, owner)
-        observing = request.role == OBSERVER
-        if observing:
+        observing = request.role in (OBSERVER, INPUT)  # (neither is the session's sink)
+        if request.role == OBSERVER:
             limit = self.settings.max_observers
             if len(session.observers) >= limit:
                 raise busy(f"the session has its maximum of {limit} observers")
+        elif observing:  # an HTTP write: beside no writer, or the HTTP door's stream
+            if session.sink is not None and session.sink.role != STREAM:
+                raise RequestError(ErrorCode.SESSION_IN_USE, "a client of the framed "
+                                   "protocol is attached as the session's writer: its input "
+                                   "is that client's")
         elif session.sink is not None and not request.steal:
             raise RequestError(ErrorCode.SESSION_IN_USE, "the session is attached elsewhere "
                                "(attach with steal to take it over, or as an observer)")
@@ -336,13 +343,13 @@ class SessionRegistry:
         return [SessionInfo(session=s.id, argv=s.spec.argv, pid=s.pid, pty=s.spec.pty,
                             started=s.started, attached=s.sink is not None,
                             exit=members(s.final) if s.final else None,
-                            observers=len(s.observers),
+                            observers=sum(o.role == OBSERVER for o in s.observers),
                             grants=[grant.info() for grant in self.sharing.grants.of_session(s.id)],
                             offsets=Offsets(stdout=s.ring.end[FrameKind.STDOUT],
                                             stderr=s.ring.end[FrameKind.STDERR])
                             if s.ring is not None else None, idempotency_key=s.key,
                             attached_by=HTTP if s.sink is not None
-                            and s.sink.peer.startswith(f"{HTTP}:") else None)
+                            and s.sink.role == STREAM else None)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------

@@ -39,6 +39,7 @@ from .streams import SessionStreams
 from .typing_first import Typing
 
 if TYPE_CHECKING:  # (a channel that watches: above the session)
+    from ..channels.attachment import SessionChannel
     from ..channels.observer import Observer
 
 Ended = Callable[["ServerSession", Exit | None], None]
@@ -50,9 +51,9 @@ class ServerSession:
     __slots__ = (  # (a dict would be 1.5 KiB of each session's memory)
         "__weakref__", "_ended", "_exit_watch", "_kill_leftovers", "_redrawn_at", "_scope",
         "_sink_gone", "_start_task", "_typed_at", "bytes_in", "bytes_out", "delivered_at",
-        "detached_at", "detached_timeout", "fault", "id", "key", "life", "modes", "observers",
-        "on_delivered", "on_forget", "owner", "peer", "process", "released", "ring", "sink",
-        "size", "spec", "started", "stdin", "streams", "taps", "typing",
+        "detached_at", "detached_timeout", "fault", "feeder", "id", "key", "life", "modes",
+        "observers", "on_delivered", "on_forget", "owner", "peer", "process", "released",
+        "ring", "sink", "size", "spec", "started", "stdin", "streams", "taps", "typing",
     )
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
@@ -79,6 +80,7 @@ class ServerSession:
         self.delivered_at: float | None = None  # when its exit last went out (section 10)
         self.taps: list[Tap] = []  # a recording, say: sees all output
         self.observers: list[Observer] = []  # channels that watch it (section 11)
+        self.feeder: SessionChannel | None = None  # an HTTP write whose input is queued
         self.on_delivered: Callable[[ServerSession], None] | None = None  # its exit went out
         self.on_forget: Callable[[ServerSession], None] | None = None  # its life let it go
         self.bytes_in = self.bytes_out = 0
@@ -245,8 +247,9 @@ class ServerSession:
             self.process.send_signal(signal.Signals["SIG" + message.name])
 
     def _stdin_consumed(self, size: int) -> None:
-        if self.sink is not None:
-            self.sink.stdin_consumed(size)
+        """The process took input queued before: its credit to the channel that sent it."""
+        if (channel := self.feeder or self.sink) is not None:
+            channel.stdin_consumed(size)
 
     # --- the pumps' owner -----------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ...protocol.frames import FrameKind
-from ...protocol.messages import Exit, Role
+from ...protocol.messages import AttachRole, Exit
 from ..handover import RecordingState
 
 # The exit of a session that ended with no status of its own for a client still attached.
@@ -17,7 +17,7 @@ class Sink(Protocol):
 
     live: bool  # the replay (if any) is over: live output and the exit may go out
     grant: str | None  # the public id of the grant it came through (section 11), if any
-    role: Role  # WRITER
+    role: AttachRole  # WRITER, or the HTTP door's STREAM
 
     @property
     def peer(self) -> str:
