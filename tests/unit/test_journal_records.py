@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
 
 from ttyserve.server.journal import (
     Journal,
+    OpenStarts,
     Reason,
     SessionEnd,
     SessionStart,
@@ -96,3 +98,25 @@ def test_recover_ends_what_a_crash_left_open(tmp_path: Path) -> None:
                                          "reason": "crash-inferred"}
     parsed = read_file(str(path))
     assert parsed.torn == 1 and open_sessions(parsed.records) == []
+
+
+def test_the_open_starts_follow_the_journal_reading_only_what_was_appended(
+        tmp_path: Path) -> None:
+    """A supervisor's view of its workers' sessions (`Journal.crashed`): each look reads
+    from where the last stopped, a line cut by the end of what was there is finished by the
+    next look, and what ended is dropped, so memory holds the open sessions alone."""
+    path = tmp_path / "journal"
+    start = [msgspec.json.encode(SessionStart(
+        id=f"s1.{n}", at="t", peer="p", argv=["true"], pty=False, pid=None)) for n in range(3)]
+    end = msgspec.json.encode(SessionEnd(id="s1.0", at="t", reason=Reason.EXIT))
+    path.write_bytes(start[0] + b"\n" + start[1] + b"\n" + start[2][:10])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        starts = OpenStarts()
+        assert list(starts.follow(fd)) == ["s1.0", "s1.1"]
+        with open(path, "ab") as file:
+            file.write(start[2][10:] + b"\n" + end + b"\n")
+        assert list(starts.follow(fd)) == ["s1.1", "s1.2"]
+        assert starts.offset == path.stat().st_size  # (nothing read twice)
+    finally:
+        os.close(fd)

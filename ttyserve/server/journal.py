@@ -207,6 +207,38 @@ class _Batch:
         self.error: OSError | None = None
 
 
+class OpenStarts:
+    """The `session.start` records with no end yet, kept up to date by reading only what
+    was appended since the last look: what a supervisor, whose workers append the records,
+    needs when one of them dies, in memory bounded by the sessions open rather than by the
+    journal (which it once read and parsed whole at every death)."""
+
+    def __init__(self) -> None:
+        self.offset = 0  # read up to here
+        self._partial = b""  # a line whose end has not been appended yet
+        self.open: dict[str, SessionStart] = {}
+
+    def follow(self, fd: int) -> dict[str, SessionStart]:
+        """Read what was appended to ``fd`` since the last call; the starts without an end."""
+        while chunk := os.pread(fd, 1 << 20, self.offset):
+            self.offset += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                self._take(line)
+        return self.open
+
+    def _take(self, line: bytes) -> None:
+        try:
+            record = _decoder.decode(line)
+        except msgspec.DecodeError:  # a blank or torn line, as `parse` skips it
+            return
+        if isinstance(record, SessionStart):
+            self.open[record.id] = record
+        elif isinstance(record, SessionEnd):
+            self.open.pop(record.id, None)
+
+
 class Journal:
     """An open, locked journal file. Records are appended and fsync'd in batches: those
     appended while a write is under way go together in the next one (group commit)."""
@@ -216,6 +248,7 @@ class Journal:
         self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._next: _Batch | None = None  # what the next write takes
         self._writing = False
+        self._starts = OpenStarts()  # (a supervisor's: `crashed`)
         try:
             acquire(self.fd, f"journal {path}")
         except BaseException:
@@ -229,6 +262,7 @@ class Journal:
         journal = cls.__new__(cls)
         journal.path, journal.fd = path, fd
         journal._next, journal._writing = None, False
+        journal._starts = OpenStarts()
         os.set_inheritable(fd, False)
         return journal
 
@@ -300,9 +334,8 @@ class Journal:
         the process groups of those not ``contained`` (their cgroups killed) that are
         still theirs, to hang up."""
         survivors = []
-        for start in open_sessions(parse(self._read_all()).records):
-            if not start.id.startswith(prefix):
-                continue
+        open_now = self._starts.follow(self.fd)
+        for start in [s for s in open_now.values() if s.id.startswith(prefix)]:
             if not contained and start.pid is not None and start.pid > 0 and (
                     _still_ours(start.pid, start.start_time)):
                 survivors.append(start.pid)
