@@ -55,9 +55,10 @@ def server_rss_kib(pid: int) -> tuple[int, int]:
             status = Path(f"/proc/{each}/status").read_text()
         except OSError:
             continue
-        total += int(next(line for line in status.splitlines()
-                          if line.startswith("VmRSS:")).split()[1])
-        count += 1
+        rss = [line for line in status.splitlines() if line.startswith("VmRSS:")]
+        if rss:  # (none: a worker being reaped)
+            total += int(rss[0].split()[1])
+            count += 1
     return total, count
 
 
