@@ -123,3 +123,20 @@ async def test_the_http_api_roles_are_refused_to_other_clients(tmp_path: Path,
                 refused = await control(peer, 1)
                 assert refused["code"] == ErrorCode.BAD_REQUEST, refused
                 assert "HTTP API's own" in str(refused["message"])
+
+
+async def test_writes_keep_a_session_from_its_detached_timeout_as_a_writer_did(
+        tmp_path: Path) -> None:
+    """An HTTP write (`input`) counts as an attach for the detached timeout: a coordinator
+    that only writes, each write sooner than the timeout after the last, keeps its session
+    (as when a write attached as the writer); the timeout runs out only after the last."""
+    async with two_workers(tmp_path, detached_timeout=1.5) as (here, there):
+        session = await create(there, "cat")
+        async with here.http() as door:
+            client = Client(door)
+            for _ in range(4):  # 0.8 s apart: 2.4 s in all, past the 1.5 s timeout
+                assert (await client.request(
+                    "POST", f"sessions/{session}/stdin", b"x\n"))[0] == 204
+                await anyio.sleep(0.8)  # (time passing is what is tested)
+            status, body = await client.request("GET", f"sessions/{session}")
+            assert status == 200 and json.loads(body)["exit"] is None, body

@@ -70,7 +70,7 @@ class StreamReader:
         """Wait for the end of ``session``'s channel (nothing else comes to the library)."""
         try:
             while await session.next_event() is not None:
-                pass
+                continue
         except Exception as exc:  # detached, cancelled, the connection lost: the stream's
             self.end(session.channel, exc)
             return
@@ -96,9 +96,9 @@ async def stream_output(exchange: Exchange, conn: Connection, session: Session,
                         again: Callable[[Offsets], Awaitable[Session]]) -> None:
     """Send ``session``'s events until its exit, or until the client goes away (the
     connection ``conn`` to the server then closes, and the session is detached, not
-    ended); each piece of output sent gives its credit back. When an HTTP write took the
-    session's writer role for a moment (`detached` stolen), ``again`` attaches it anew
-    from the offsets sent so far."""
+    ended); each piece of output sent gives its credit back. When a client of the framed
+    protocol took the session over (`detached` stolen: HTTP writes never do), ``again``
+    attaches it anew from the offsets sent so far, once that client let go."""
     sse = wants_events(exchange)
     await exchange.begin_stream(EVENT_STREAM if sse else NDJSON)
     held = Offsets(stdout=session.began.stdout, stderr=session.began.stderr)

@@ -16,6 +16,7 @@ that stops reading costs nothing per chunk and holds no memory of its own.
 from __future__ import annotations
 
 import collections
+import time
 from typing import TYPE_CHECKING
 
 from ...defaults import REDRAW_INTERVAL
@@ -174,6 +175,9 @@ class InputChannel(Observer):
         return super().stdin(data)
 
     def leave(self) -> None:
-        if self.session.feeder is self:
-            self.session.feeder = None
+        session = self.session
+        if session.feeder is self:
+            session.feeder = None
+        if session.sink is None and session.detached_at is not None:
+            session.detached_at = time.monotonic()  # (its detached timeout starts again)
         super().leave()

@@ -26,7 +26,7 @@ import anyio
 from ...backends.base import ProcessHandle, ProcessSpec
 from ...defaults import DEFAULT_DETACHED_TIMEOUT, DEFAULT_LINGER, OUTPUT_CHUNK
 from ...protocol.frames import FrameKind
-from ...protocol.messages import Exit, Message, Resize, Signal
+from ...protocol.messages import INPUT, Exit, Message, Resize, Signal
 from ...protocol.terminal_modes import TerminalModes
 from ...transport.readiness import Watch
 from ..journal import Reason, now_rfc3339
@@ -385,8 +385,10 @@ class ServerSession:
 
     def deadline(self, keep_ended: float) -> float | None:
         """When, detached, it times out: --keep-ended after its exit went out, else its
-        detached timeout after it was left; None while a writer holds it."""
-        if self.detached_at is None or self.sink is not None:
+        detached timeout after it was left; None while a writer holds it (or an HTTP
+        write: an `input` channel, which counts as the writer did before it had a role)."""
+        if self.detached_at is None or self.sink is not None or any(
+                observer.role == INPUT for observer in self.observers):
             return None
         if self.delivered_at is not None:
             return self.delivered_at + keep_ended
