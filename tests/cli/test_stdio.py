@@ -4,6 +4,7 @@ the policy and limits still apply, and stdin's EOF cancels and reaps every sessi
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -228,3 +229,16 @@ def test_stdio_is_a_flag_only_never_a_setting(tmp_path: Path) -> None:
         finally:
             server.terminate()
             server.wait(10)
+
+
+@pytest.mark.asyncio
+async def test_sighup_ends_it_as_its_carrier_hung_up(tmp_path: Path) -> None:
+    """A listening server reads its files again at SIGHUP; `serve --stdio` is a carrier's
+    far side, and a hangup means the carrier is gone: it ends, its session with it."""
+    async with stdio_server() as server:
+        await server.peer.send(ctrl(0, Hello(protocol=1)) + ctrl(1, Open(
+            argv=[SH, "-c", "echo up; sleep 30"], pty=False)))
+        while not (await server.peer.next_frame()).payload.startswith(b"up"):
+            continue  # (welcome, opened, then the session's first line)
+        server.process.send_signal(signal.SIGHUP)
+        assert await server.exit_code() is not None

@@ -345,7 +345,8 @@ async def _serve(config: ServerSettings, handed: HandoverState | None = None,
                           link, leases, journal, containment, activated)
 
 
-_COMMANDS = {signal.SIGUSR2: UPGRADE, signal.SIGHUP: RELOAD}  # (the others: a shutdown)
+_COMMANDS = {signal.SIGUSR2: UPGRADE, signal.SIGHUP: RELOAD}  # (the others: a shutdown;
+# so is SIGHUP for `serve --stdio`, whose carrier hung up)
 
 
 class Orders:
@@ -372,7 +373,7 @@ class Orders:
         server = self.server
         if command == UPGRADE:
             upgrades.start_soon(self.upgrade)
-        elif command == RELOAD and not self.config.stdio:
+        elif command == RELOAD:
             server.reload()
         elif not server.stopping:
             log.info("%s: shutting down gracefully", command)
@@ -389,8 +390,11 @@ class Orders:
                     log.warning("%s: ignored: signals go to the supervisor (pid %d)",
                                 signal.Signals(signum).name, os.getppid())
                     continue
-                self.act(_COMMANDS.get(signal.Signals(signum)) or signal.Signals(signum).name,
-                         upgrades)
+                name = signal.Signals(signum)
+                command = _COMMANDS.get(name)
+                if command == RELOAD and self.config.stdio:
+                    command = None
+                self.act(command or name.name, upgrades)
 
 
 def _http_api(settings: ServerSettings) -> WebApi | None:
