@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from helpers import SH, RawPeer, ServerProcess, ctrl, raw_peer, split_output, start_server
 
@@ -21,6 +23,7 @@ from ttyserve.errors import RequestError, SessionDetached
 from ttyserve.protocol.frames import Frame
 from ttyserve.protocol.messages import Hello, Offsets, Open, Window
 from ttyserve.server.journal import SessionEnd, SessionStart, read_file
+from ttyserve.server.mesh import LINK_HELLO_LIMIT, LinkHello
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 WINDOW = 65536
@@ -313,3 +316,34 @@ async def test_signals_to_a_worker_are_ignored_the_supervisor_takes_them(
             await session.wait()
     assert worker in served.worker_pids()
     assert "signals go to the supervisor" in served.stderr_tail()
+
+
+async def test_a_link_without_the_servers_secret_is_closed_unanswered(short_dir: Path) -> None:
+    """A worker's link socket serves only its own server's workers: a LinkHello with
+    another secret, or a length over LINK_HELLO_LIMIT (nothing more is read), is closed
+    with no answer to the `hello` behind it, and said on stderr; the server goes on."""
+    server = start_server(short_dir, "--workers=2", "--command", SH,  # (a link that read
+                          "--handshake-timeout", "60",  # on would wait far past our recv's)
+                          env={"TMPDIR": str(short_dir)})
+    try:
+        link = next(short_dir.glob("ttyserve-links-*/w1.sock"))
+        guess = msgspec.json.encode(LinkHello(secret="a guess", transport="unix", uid=0,
+                                              principal=f"uid:{os.getuid()}"))
+        for first in (len(guess).to_bytes(4, "big") + guess,
+                      (LINK_HELLO_LIMIT + 1).to_bytes(4, "big") + b"{" * 64):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(str(link))
+                sock.sendall(first + ctrl(0, Hello(protocol=1)))
+                try:
+                    answer = sock.recv(4096)
+                except ConnectionResetError:  # (closed with our bytes unread)
+                    answer = b""
+                assert answer == b""  # no `welcome`: closed unanswered
+        deadline = time.monotonic() + 10
+        while server.stderr_tail().count("without this server's secret") < 2:
+            assert time.monotonic() < deadline, server.stderr_tail()  # (a log line: no
+            await anyio.sleep(0.05)  # event tells a client)
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
