@@ -91,7 +91,7 @@ async def test_a_principal_without_local_is_forbidden_here_and_journaled(
         await session.wait()
     records = journal(short_dir)
     assert [(r["principal"], r["code"], r.get("target")) for r in records
-            if r["event"] == "session.refused"] == [("ci", "forbidden", None)]
+            if r["event"] == "session.refused"] == [("ci", ErrorCode.FORBIDDEN, None)]
     assert [r["principal"] for r in records if r["event"] == "session.start"] == ["alice"]
 
 
