@@ -186,6 +186,50 @@ async def test_an_open_held_by_its_start_record_counts_and_is_hung_up_by_a_shutd
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(10)
+async def test_an_open_admitted_during_the_kill_grace_is_killed_after_it(
+        tmp_path: Path) -> None:
+    """A shutdown's kill grace ends every session still running then, one that ignores
+    SIGHUP and was admitted during the grace (its open held by its start record when the
+    shutdown began) included: a process that ignores SIGHUP never holds the drain."""
+    journal = Journal(str(tmp_path / "journal.jsonl"))
+    write = journal._write
+    held, release = anyio.Event(), threading.Event()
+
+    def held_write(data: bytes) -> None:
+        anyio.from_thread.run_sync(held.set)
+        release.wait(5)
+        write(data)
+
+    journal._write = held_write  # type: ignore[method-assign]  # the same write, held
+    try:
+        async with open_memory_backend() as backend:
+            reg = SessionRegistry(ServerSettings(command=["sleep", "HUP"]), backend, journal)
+            async with reg.running(), anyio.create_task_group() as tg:
+                opened: list[ServerSession] = []
+                answered = anyio.Event()
+
+                async def open_one() -> None:
+                    opened.append(await reg.open(Open(), "uid:0", "test", sessions_here=0))
+                    answered.set()
+
+                tg.start_soon(open_one)
+                await held.wait()
+                reg.hang_up_all()  # (nothing admitted yet when the grace begins)
+                release.set()
+                with anyio.fail_after(5):
+                    await answered.wait()
+                reg.ends.start(opened[0])
+                with anyio.fail_after(5):
+                    await reg.ends.wait_empty()
+                assert opened[0].process.status is not None
+                assert opened[0].process.status.signal == "KILL"
+    finally:
+        release.set()
+        journal.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(10)
 async def test_the_start_record_is_on_disk_when_open_returns_and_shares_fsyncs(
         tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"

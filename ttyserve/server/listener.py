@@ -129,8 +129,8 @@ class Server:
         for handler in [h for h in self.handlers if h.principal in gone]:
             handler.close(RequestError(ErrorCode.UNAUTHORIZED,
                                        "this connection's principal was removed"))
-        self.registry.hang_up([session for session in self.registry.sessions.values()
-                               if session.owner in gone])
+        for name in gone:
+            self.registry.hang_up(name)
 
     def force(self) -> None:
         """End now: cancel every session, kill and reap its processes."""

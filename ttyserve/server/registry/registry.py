@@ -429,21 +429,26 @@ class SessionRegistry:
         does, detached ones included (SIGHUP to its process group, and what still runs
         KILL_GRACE seconds later killed), and ends as its process does, its exit sent."""
         self.closing = True
-        self.hang_up(list(self.sessions.values()))
+        self.hang_up(None)
 
-    def hang_up(self, sessions: list[ServerSession]) -> None:
-        """Hang ``sessions`` up as a shutdown does (a principal removed from the file)."""
-        for session in sessions:
+    def hang_up(self, owner: str | None) -> None:
+        """Hang ``owner``'s sessions up as a shutdown does (a principal removed from the
+        file), or every session (None: the shutdown's, whose grace also kills what was
+        admitted meanwhile)."""
+        for session in self._of(owner):
             if session.final is None:
                 session.hang_up()
         assert self.task_group is not None, "SessionRegistry.running() is not entered"
-        self.task_group.start_soon(self._kill_after_grace, sessions)
+        self.task_group.start_soon(self._kill_after_grace, owner)
 
-    async def _kill_after_grace(self, sessions: list[ServerSession]) -> None:
+    async def _kill_after_grace(self, owner: str | None) -> None:
         await anyio.sleep(KILL_GRACE)
-        self._killing = self._killing or self.closing
-        for session in sessions:
+        self._killing = self._killing or owner is None
+        for session in self._of(owner):
             session.kill()
+
+    def _of(self, owner: str | None) -> list[ServerSession]:
+        return [s for s in self.sessions.values() if owner is None or s.owner == owner]
 
     async def _end_all(self) -> None:
         """The server's last act: every session still running is ended now (killed and
