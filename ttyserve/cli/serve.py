@@ -42,6 +42,7 @@ from ..server.mesh import (
     die_with_supervisor,
     report,
 )
+from ..server.principals import load_principals
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
 from ..server.upgrade import (
@@ -181,7 +182,7 @@ def _checked(config: ServerSettings, made: str | None, serving: list[Address] | 
         if config.token_file or os.environ.get("TTYSERVE_TOKEN"):
             raise UsageError("--principals names every token the server takes: give no "
                              "--token-file (nor TTYSERVE_TOKEN) beside it")
-        config.access  # noqa: B018  (read once now: ConfigError, exit 3, if unusable)
+        load_principals(config.principals)  # (ConfigError, exit 3, if unusable)
         check_exposure(addresses, "principals", config)
         return addresses, None, None, server_tls(config, addresses)
     token = None if config.stdio else read_token(config.token_file)

@@ -85,10 +85,6 @@ def refusal(access: Access, peer: Peer, token: str | None) -> str | None:
     """Why this peer may not go on (for the log, never for the peer), or None."""
     if peer.transport == "stdio":
         return None  # the carrier (ssh, kubectl) authenticated it; no token is asked
-    if access.principals is not None:  # a uid alone is not enough then
-        if access.principals.named_by(token) is not None:
-            return None
-        return "missing token" if token is None else "a token of no principal"
     if peer.transport == "unix":
         if peer.uid == os.getuid() or peer.uid in access.allowed_uids:
             return None
@@ -165,18 +161,19 @@ class Gate:
 
         The reason goes to the log; the peer only learns that it was refused.
         """
-        access = self.access
-        reason = refusal(access, peer, token)
+        access, named = self.access, None
+        if access.principals is not None and peer.transport != "stdio":  # (a uid alone is
+            named = access.principals.named_by(token)  # not enough then)
+            reason = None if named is not None else (
+                "missing token" if token is None else "a token of no principal")
+        else:
+            reason = refusal(access, peer, token)
         if reason is not None:
             self.throttle.failed(peer)
             log.warning("%s: unauthorized: %s", peer, reason)
             raise RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong token, or a peer "
                                "that is not allowed")
-        if access.principals is not None and peer.transport != "stdio":
-            principal = access.principals.named_by(token)
-            assert principal is not None  # (refusal said so)
-            return principal.name
-        return principal_of(peer)
+        return named.name if named is not None else principal_of(peer)
 
     def may_run_here(self, principal: str) -> bool:
         """Whether ``principal`` may run sessions on this host (`local` in the principals

@@ -159,11 +159,11 @@ class SessionRequests:
     async def _attach_once_let_go(self, handler: ConnectionHandler, event: AttachRequested,
                                   session: ServerSession, wait: float) -> None:
         """An attach that meets a writer, tried again once it let go or ``wait`` seconds
-        passed: one that asked to wait (`wait`: the HTTP door's output stream, whose role an
-        HTTP write took for a moment), or one that meets a writer from another worker (a
-        client that has just left that worker's connection and come back here may be
-        quicker than the news of its leaving, the link's end, which it would meet as
-        `session_in_use` where a single process would not: LINK_LET_GO)."""
+        passed: one that asked to wait (`wait`: the HTTP door's output stream taking its
+        place back from a framed client that stole it), or one that meets a writer from
+        another worker (a client that has just left that worker's connection and come back
+        here may be quicker than the news of its leaving, the link's end, which it would
+        meet as `session_in_use` where a single process would not: LINK_LET_GO)."""
         deadline = anyio.current_time() + wait
         await handler.reader.interruptibly(session.wait_writer_gone(), deadline)
         if not handler.core.closing:  # (a connection closed meanwhile attaches nothing)
