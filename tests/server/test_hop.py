@@ -190,6 +190,14 @@ async def test_a_hop_whose_credit_parts_from_the_clients_is_dropped_as_a_lost_wo
     assert "Traceback" not in caplog.text
 
 
+async def until_waiting(session: ServerSession) -> None:
+    """Until an attach waits for ``session``'s writer to let go (its event made; nothing
+    tells a client so)."""
+    with anyio.fail_after(5):
+        while session._sink_gone is None:
+            await anyio.sleep(0.01)
+
+
 async def _exactly(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
@@ -214,9 +222,7 @@ async def test_an_attach_that_meets_a_writer_letting_go_over_a_link_waits_for_it
                 assert (await control(first, 1))["type"] == "attached"
                 await second.send(hello() + ctrl(1, Attach(session=session_id)))
                 assert (await control(second))["type"] == "welcome"
-                with anyio.fail_after(5):
-                    while session._sink_gone is None:  # the attach waits for the writer
-                        await anyio.sleep(0.01)
+                await until_waiting(session)
             # the first client has gone: its hop closes, the link's writer lets go
             with anyio.fail_after(10):
                 answer = await control(second, 1)
@@ -242,9 +248,7 @@ async def test_an_attach_that_asks_to_wait_is_answered_when_the_writer_lets_go(
                 refused = await control(waiting, 1)
                 assert refused["code"] == ErrorCode.SESSION_IN_USE, refused
                 await waiting.send(ctrl(3, Attach(session=session_id, wait=300)))
-                with anyio.fail_after(5):
-                    while session._sink_gone is None:  # the attach waits for the writer
-                        await anyio.sleep(0.01)
+                await until_waiting(session)
             with anyio.fail_after(10):  # the writer's client has gone: it let go
                 answer = await control(waiting, 3)
             assert answer["type"] == "attached", answer
