@@ -82,6 +82,9 @@ async def test_a_stream_across_workers_has_every_byte_while_writes_go_in_beside_
             while b"\n" not in lines:
                 lines += await anext(answer)
             assert json.loads(lines.split(b"\n")[0])["type"] == "attached"
+            status, listing = await writer.request("GET", "sessions")  # (from both workers)
+            (entry,) = [e for e in json.loads(listing)["sessions"] if e["session"] == session]
+            assert entry.get("attached_by") == "http"  # the writer known by its role: stream
             # a write while the stream holds the session: beside it, never in its place
             assert await writer.request("POST", f"sessions/{session}/stdin", b"go\n") == (
                 204, b"")
