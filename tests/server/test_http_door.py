@@ -83,6 +83,7 @@ async def test_a_stream_across_workers_has_every_byte_while_writes_go_in_beside_
                 lines += await anext(answer)
             assert json.loads(lines.split(b"\n")[0])["type"] == "attached"
             status, listing = await writer.request("GET", "sessions")  # (from both workers)
+            assert status == 200, listing
             (entry,) = [e for e in json.loads(listing)["sessions"] if e["session"] == session]
             assert entry.get("attached_by") == "http"  # the writer known by its role: stream
             # a write while the stream holds the session: beside it, never in its place
