@@ -47,6 +47,8 @@ class ErrorCode(enum.StrEnum):
     NO_SUCH_SESSION = "no_such_session"  # unknown, expired, or another principal's
     SERVER_RESTARTING = "server_restarting"  # section 12: upgrading in place; resume soon
     READ_ONLY = "read_only"  # section 11: an observer sent what only the writer may send
+    NO_SUCH_TARGET = "no_such_target"  # section 15: unknown, or one the principal may not open
+    TARGET_UNREACHABLE = "target_unreachable"  # section 15: its carrier failed before `opened`
 
 
 RETRIABLE = frozenset({ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SERVER_RESTARTING})

@@ -15,9 +15,8 @@ import anyio
 import pytest
 from helpers import RawPeer
 
+from ttyserve.backends.carrier import Carrier
 from ttyserve.client import Connection
-from ttyserve.client.background import beside
-from ttyserve.client.carrier import Carrier
 from ttyserve.client.session import Lost, Resumed, ResumeEvent, Session
 from ttyserve.errors import ConnectionLost
 from ttyserve.protocol.frames import FrameKind, encode_frame
@@ -33,6 +32,7 @@ from ttyserve.protocol.messages import (
     encode_message,
     parse_object,
 )
+from ttyserve.transport.background import beside
 from ttyserve.transport.streams import SocketTransport, Transport, send_all
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

@@ -162,15 +162,17 @@ def test_records_of_a_normal_life(short_dir: Path) -> None:
     # The bytes on disk are the contract's format: the tag first, a spawn failure's null pid
     # written, members left None omitted.
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
-    assert list(lines[0]) == ["event", "id", "at", "peer", "argv", "pty", "pid", "principal",
-                              "start_time"]
+    assert list(lines[0]) == ["event", "id", "at", "peer", "argv", "pty", "pid", "start_time",
+                              "principal", "target"]
+    assert lines[0]["target"] is None  # (always written: null on this host)
     assert lines[0]["event"] == "session.start" and lines[0]["start_time"] > 0
     failed_start = next(line for line in lines if line["id"] == started[1].id)
     assert failed_start["pid"] is None and "start_time" not in failed_start
     first_end = next(line for line in lines if line["id"] == started[0].id
                      and line["event"] == "session.end")
     assert first_end == {"event": "session.end", "id": started[0].id, "at": first_end["at"],
-                         "reason": "exit", "code": 3, "bytes_in": 5, "bytes_out": 5}
+                         "reason": "exit", "code": 3, "bytes_in": 5, "bytes_out": 5,
+                         "principal": lines[0]["principal"], "target": None}
     listing = subprocess.run(ttyserve_command("sessions", "--journal", str(journal)),
                              capture_output=True, timeout=20, text=True)
     assert listing.returncode == 0

@@ -32,11 +32,12 @@ LAYERS = [
 SERVER_LAYERS = [
     {"journal", "lease", "sockets", "tasks", "handover", "grants", "auth", "principals", "policy",
      "settings", "config", "mesh", "activation", "accepting"},
+    {"targets"},  # a session's process on another host (a backend of the server's own)
     {"sessions"},
     {"channels"},
     {"registry"},
     {"connections"},
-    {"listener", "upgrade", "supervisor", "__init__"},
+    {"listener", "reloading", "upgrade", "supervisor", "__init__"},
 ]
 
 

@@ -36,6 +36,9 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     name: str | None = None  # the session's id: what its cgroup is called
+    target: str | None = None  # section 15: the target it runs on (None: this host)
+    detachable: bool = False  # it outlives its connection (a target's far side keeps it so)
+    detached_timeout: float | None = None  # seconds it waits detached, for a target's resume
 
 
 class ChildState(msgspec.Struct, kw_only=True):

@@ -90,7 +90,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
             raise ExecFailure(ExecExit.FAILURE, str(exc)) from exc
     carrier_stderr = None
     if options.address.carried:
-        from ..client.carrier import show_on_stderr  # subprocess only for carriers
+        from ..backends.carrier import show_on_stderr  # subprocess only for carriers
 
         carrier_stderr = show_on_stderr(options.target)
     for attempt in range(options.retries + 1):

@@ -45,6 +45,7 @@ from ..server.mesh import (
 from ..server.principals import load_principals
 from ..server.settings import ServerSettings
 from ..server.sockets import SocketLease, open_listeners, remove_socket_file
+from ..server.targets.config import load_targets
 from ..server.upgrade import (
     HELD_SIGNALS,
     Handover,
@@ -178,6 +179,8 @@ def _checked(config: ServerSettings, made: str | None, serving: list[Address] | 
     or a fresh one), the TLS context. Raises UsageError, AddressError, ConfigError or
     ValueError."""
     addresses = serving or listen_addresses(config)
+    if config.targets:
+        load_targets(config.targets)  # (ConfigError, exit 3, if unusable)
     if config.principals and not config.stdio:  # their tokens are the only ones
         if config.token_file or os.environ.get("TTYSERVE_TOKEN"):
             raise UsageError("--principals names every token the server takes: give no "

@@ -24,14 +24,14 @@ from ..credentials import tls_context
 from ..defaults import CLIENT_NAME, DEFAULT_REMOTE_COMMAND
 from ..errors import ConnectionLost
 from ..protocol.messages import PROTOCOL_VERSION, Exit, Hello
+from ..transport.background import beside
 from ..transport.streams import Transport, send_all
-from .background import beside
 from .connection import Connection
 from .dial import open_transport
 from .session import ResumeEvent
 
 if TYPE_CHECKING:
-    from .carrier import Carrier, StderrLine
+    from ..backends.carrier import Carrier, StderrLine
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +108,14 @@ async def connect(
     if addr.carried:
         token = None  # a far side takes none: never hand a secret to every host we reach
         if show_stderr is None:
-            from .carrier import show_on_stderr  # subprocess only for carriers
+            from ..backends.carrier import show_on_stderr  # subprocess only for carriers
 
             show_stderr = show_on_stderr(str(addr))
 
     async def dial(stack: contextlib.AsyncExitStack,
                    within: float = math.inf) -> tuple[Transport, Carrier | None]:
         if addr.carried:
-            from .carrier import run_carrier
+            from ..backends.carrier import run_carrier
 
             assert show_stderr is not None
             carrier = await stack.enter_async_context(

@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.abc
@@ -30,6 +30,7 @@ from ..errors import ConnectionLost
 from ..protocol.client import (
     AnswerReceived,
     AttachedReceived,
+    ClientConnection,
     ClientEvent,
     DetachedReceived,
     ErrorReceived,
@@ -64,6 +65,8 @@ from ..protocol.messages import (
     Sessions,
     Share,
     Shared,
+    TargetInfo,
+    Targets,
     Unshare,
     Unshared,
     Welcome,
@@ -75,11 +78,12 @@ from .session import ConnectionEnded, ResumeEvent, Session
 from .wire import Wire
 
 if TYPE_CHECKING:
-    from .carrier import Carrier
+    from ..backends.carrier import Carrier
 
 _CHANNEL_ENDS = (ExitReceived, DetachedReceived, OpenRefused)  # a channel's last event
 _CHANNEL_0 = (PingReceived, SessionsReceived, AnswerReceived, WelcomeReceived)  # (and errors)
-_Answer = Sessions | Shared | Unshared | Error  # what a request on channel 0 gets
+_Answer = Sessions | Shared | Unshared | Targets | Error  # what a request on channel 0 gets
+_A = TypeVar("_A", Sessions, Shared, Unshared, Targets)
 # A channel's own events, which its session takes.
 _ChannelEvent = (OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
                  | DetachedReceived | ErrorReceived | StdinCreditGranted | NoticeReceived)
@@ -138,8 +142,11 @@ class Connection:
         resume: float | None = None,
         detached_timeout: int | None = None,
         idempotency_key: str | None = None,
+        target: str | None = None,
     ) -> Session:
         """Open a session and wait for `opened`. Raises RequestError if refused.
+
+        ``target``: run it on that target of the server (section 15).
 
         A ``detachable`` session outlives this connection: `session.id` names it for
         `attach`, and it keeps a scrollback of its output meanwhile (section 9).
@@ -159,7 +166,8 @@ class Connection:
             detached_timeout = _whole_seconds(resume)
         request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
                        env=dict(env or {}), cwd=cwd, detachable=detachable,
-                       detached_timeout=detached_timeout, idempotency_key=idempotency_key)
+                       detached_timeout=detached_timeout, idempotency_key=idempotency_key,
+                       target=target)
         return await self._begin(request, pty, resume)
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
@@ -189,12 +197,12 @@ class Connection:
         await self._write(link, link.core.release(session_id))
 
     async def list_sessions(self) -> list[SessionInfo]:
-        """This principal's detachable sessions, running, detached or ended (section 9),
-        each with its observers and open grants."""
-        link = await self._current()
-        answer = await self._ask(link, link.core.list_sessions())
-        assert isinstance(answer, Sessions)
-        return answer.sessions
+        """This principal's detachable sessions, running, detached or ended (section 9)."""
+        return (await self._ask(lambda core: core.list_sessions(), Sessions)).sessions
+
+    async def list_targets(self) -> list[TargetInfo]:
+        """The targets this principal may open (section 15), sorted by name."""
+        return (await self._ask(lambda core: core.list_targets(), Targets)).targets
 
     async def share(self, session_id: str, *, role: Role = OBSERVER,
                     ttl: int | None = None) -> Shared:
@@ -202,33 +210,30 @@ class Connection:
         `shared.grant` may attach it in ``role`` for ``ttl`` seconds (the server's default,
         an hour, when None), without the token. Raises RequestError no_such_session, or
         bad_request for a ttl over the server's --max-share-ttl."""
-        link = await self._current()
-        answer = await self._ask(link, link.core.share(Share(session=session_id, role=role,
-                                                             ttl=ttl)))
-        assert isinstance(answer, Shared)
-        return answer
+        return await self._ask(
+            lambda core: core.share(Share(session=session_id, role=role, ttl=ttl)), Shared)
 
     async def unshare(self, grant: str) -> Unshared:
         """Revoke a grant (the grant itself, or its public id): every channel attached
         through it ends with `detached` "revoked" at once. Raises RequestError
         no_such_session for a grant unknown, over, or another's."""
-        link = await self._current()
-        answer = await self._ask(link, link.core.unshare(Unshare(grant=grant)))
-        assert isinstance(answer, Unshared)
-        return answer
+        return await self._ask(lambda core: core.unshare(Unshare(grant=grant)), Unshared)
 
-    async def _ask(self, link: Wire, frame: bytes) -> _Answer:
-        """Send a request on channel 0 and wait for its answer; raise its refusal."""
+    async def _ask(self, frame: Callable[[ClientConnection], bytes], kind: type[_A]) -> _A:
+        """Send a request on channel 0 and wait for its answer, a ``kind``; raise its
+        refusal."""
+        link = await self._current()
         waiter: list[_Answer | Exception] = []
         done = anyio.Event()
         self._asked.append((waiter, done))
-        await self._write(link, frame)
+        await self._write(link, frame(link.core))
         await done.wait()
         answer = waiter[0]
         if isinstance(answer, Exception):
             raise answer
         if isinstance(answer, Error):
             raise request_error(answer)
+        assert isinstance(answer, kind)
         return answer
 
     async def _begin(self, request: Open | Attach, pty: bool | None,

@@ -39,8 +39,8 @@ from ..errors import (
 )
 from ..exitcodes import ExecExit, exec_exit_code, exec_spawn_failure_code
 from ..protocol.messages import Exit, SignalName
+from ..transport.background import beside
 from .api import connect
-from .background import beside
 from .retry import backoff, retriable
 from .session import Session
 

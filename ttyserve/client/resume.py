@@ -19,7 +19,7 @@ from .retry import RETRIED, backoff, retriable
 from .session import ConnectionEnded, ResumeEvent, Session
 
 if TYPE_CHECKING:
-    from .carrier import Carrier
+    from ..backends.carrier import Carrier
 
 # Dial a new link, its resources (a carrier) entered into the stack, within a time (where it
 # can be bounded: a carrier's ssh has its own): what `connect` did.

@@ -21,7 +21,7 @@ from ..transport.outbox import Outbox
 from ..transport.streams import Transport
 
 if TYPE_CHECKING:
-    from .carrier import Carrier
+    from ..backends.carrier import Carrier
 
 FIRST_BYTES_SHOWN = 60
 WELCOME_WAIT = 60.0  # seconds a link may take to its `welcome` (an ssh asking a password)

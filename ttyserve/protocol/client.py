@@ -34,6 +34,7 @@ from .messages import (
     Exit,
     Hello,
     List,
+    ListTargets,
     Message,
     Open,
     Opened,
@@ -44,6 +45,7 @@ from .messages import (
     Share,
     Shared,
     Skipped,
+    Targets,
     Unshare,
     Unshared,
     Welcome,
@@ -86,9 +88,10 @@ class SessionsReceived(msgspec.Struct, frozen=True):
 
 
 class AnswerReceived(msgspec.Struct, frozen=True):
-    """The answer to a request on channel 0 (`shared`, `unshared`), or its refusal."""
+    """The answer to a request on channel 0 (`shared`, `unshared`, `targets`), or its
+    refusal."""
 
-    answer: Shared | Unshared | Error
+    answer: Shared | Unshared | Targets | Error
 
 
 class NoticeReceived(msgspec.Struct, frozen=True):
@@ -177,6 +180,10 @@ class ClientConnection:
     def list_sessions(self) -> bytes:
         """Frame `list` (channel 0); the answer is a SessionsReceived event."""
         return self._channel_0(List())
+
+    def list_targets(self) -> bytes:
+        """Frame `targets` (channel 0); the answer is an AnswerReceived event."""
+        return self._channel_0(ListTargets())
 
     def share(self, request: Share) -> bytes:
         """Frame `share` (channel 0); the answer is an AnswerReceived event."""
@@ -384,7 +391,7 @@ class ClientConnection:
     def _connection_message(self, message: Message) -> ClientEvent | None:
         if isinstance(message, Sessions):
             return SessionsReceived(message)
-        if isinstance(message, Shared | Unshared):
+        if isinstance(message, Shared | Unshared | Targets):
             return AnswerReceived(message)
         if isinstance(message, Ping):
             return PingReceived()

@@ -29,6 +29,7 @@ OBSERVER: Role = "observer"
 AttachRole = Literal["writer", "observer", "stream", "input"]
 STREAM: AttachRole = "stream"
 INPUT: AttachRole = "input"
+TargetName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
 Offset = Annotated[int, msgspec.Meta(ge=0)]
@@ -69,6 +70,7 @@ class Open(Message, tag="open"):
     # detachable `open` of the principal with the same key, while the first is known, gets
     # session_in_use naming it.
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    target: TargetName | None = None  # section 15: run it on this target of the server
 
 
 class Offsets(msgspec.Struct, kw_only=True):
@@ -132,6 +134,10 @@ class List(Message, tag="list"):
     """On channel 0: the caller's detachable sessions."""
 
 
+class ListTargets(Message, tag="targets"):
+    """On channel 0: the targets the caller may open (section 15); answered by `targets`."""
+
+
 class Resize(Message, tag="resize"):
     rows: Dimension
     cols: Dimension
@@ -181,6 +187,7 @@ class Opened(Message, tag="opened"):
     argv: list[str] | None = None  # what runs (the server's default when `open` had none)
     session: str | None = None  # a detachable session's id (section 9)
     pty: bool | None = None  # whether it runs under a PTY (what the server did, not asked)
+    target: str | None = None  # section 15: the target it runs on (`pid` is the far side's)
 
 
 class Attached(Message, tag="attached"):
@@ -259,6 +266,27 @@ class SessionInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     offsets: Offsets | None = None  # the output so far, per stream (section 13's status)
     idempotency_key: str | None = None  # as its `open` gave it
     attached_by: str | None = None  # HTTP: its writer came through the HTTP API (section 13)
+    target: str | None = None  # section 15: the target it runs on
+
+
+TargetState = Literal["connected", "idle", "unreachable"]
+CONNECTED: TargetState = "connected"  # a carrier connection to it is up
+IDLE: TargetState = "idle"  # never tried, or closed by --target-idle
+UNREACHABLE: TargetState = "unreachable"  # the last attempt to start one failed
+
+
+class TargetInfo(msgspec.Struct, kw_only=True):
+    """One entry of `targets`."""
+
+    name: str
+    labels: dict[str, str]
+    state: TargetState
+
+
+class Targets(Message, tag="targets"):
+    """The answer to `targets`: what the caller may open, sorted by name (section 15)."""
+
+    targets: list[TargetInfo]
 
 
 class Sessions(Message, tag="sessions"):
@@ -282,9 +310,9 @@ class Error(Message, tag="error"):
 
 
 ClientMessage = (Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
-                 | Release | Ping | Pong | Share | Unshare)
+                 | Release | Ping | Pong | Share | Unshare | ListTargets)
 ServerMessage = (Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
-                 | Ping | Pong | Skipped | Audience | Shared | Unshared)
+                 | Ping | Pong | Skipped | Audience | Shared | Unshared | Targets)
 
 
 def _vocabulary(*classes: type[Message]) -> dict[str, type[Message]]:
@@ -293,10 +321,10 @@ def _vocabulary(*classes: type[Message]) -> dict[str, type[Message]]:
 
 CLIENT_MESSAGES: dict[str, type[Message]] = _vocabulary(
     Hello, Open, Attach, Detach, List, Resize, Signal, Eof, Cancel, Window, Release, Ping, Pong,
-    Share, Unshare)
+    Share, Unshare, ListTargets)
 SERVER_MESSAGES: dict[str, type[Message]] = _vocabulary(
     Welcome, Opened, Attached, Detached, Sessions, Exit, Error, Window, Ping, Pong, Skipped,
-    Audience, Shared, Unshared)
+    Audience, Shared, Unshared, Targets)
 
 _encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()

@@ -42,6 +42,7 @@ from .messages import (
     GrantScope,
     Hello,
     List,
+    ListTargets,
     Message,
     Offsets,
     Open,
@@ -53,6 +54,7 @@ from .messages import (
     Share,
     Shared,
     Skipped,
+    Targets,
     Unshare,
     Unshared,
     Welcome,
@@ -64,7 +66,8 @@ from .messages import (
 )
 
 Buffer = bytes | bytearray | memoryview
-_CHANNEL_0_TYPES = (List, Release, Ping, Pong, Share, Unshare)  # what goes on channel 0 only
+# what goes on channel 0 only
+_CHANNEL_0_TYPES = (List, Release, Ping, Pong, Share, Unshare, ListTargets)
 _CHANNEL_0 = frozenset(cls.__struct_config__.tag for cls in _CHANNEL_0_TYPES)
 # Channel 0 requests refused with an `error` there, the connection going on.
 _REQUESTS_0 = frozenset(cls.__struct_config__.tag for cls in (Share, Unshare))
@@ -108,6 +111,10 @@ class DetachRequested(msgspec.Struct, frozen=True):
 
 class ListRequested(msgspec.Struct, frozen=True):
     """`list` on channel 0: `answer` it with `sessions`."""
+
+
+class TargetsRequested(msgspec.Struct, frozen=True):
+    """`targets` on channel 0: `answer` it with `targets` (section 15)."""
 
 
 class StdinReceived(msgspec.Struct, frozen=True):
@@ -157,7 +164,7 @@ class CancelRequested(msgspec.Struct, frozen=True):
 ServerEvent = (
     HelloReceived | OpenRequested | AttachRequested | StdinReceived | ControlReceived
     | CreditGranted | CancelRequested | DetachRequested | ListRequested | ReleaseRequested
-    | ShareRequested | UnshareRequested
+    | ShareRequested | UnshareRequested | TargetsRequested
 )
 
 
@@ -399,6 +406,9 @@ class ServerConnection:
         if isinstance(message, List):
             self._listed = True
             return ListRequested()
+        if isinstance(message, ListTargets):
+            self._listed = True
+            return TargetsRequested()
         return None  # a `pong`: that something came is all it says
 
     def ping(self) -> None:
@@ -527,8 +537,9 @@ class ServerConnection:
         self._channel_ended(channel)
         return True
 
-    def answer(self, answer: Sessions | Shared | Unshared) -> None:
-        """Answer `list`, `share` or `unshare` on channel 0 (answers keep request order)."""
+    def answer(self, answer: Sessions | Shared | Unshared | Targets) -> None:
+        """Answer `list`, `share`, `unshare` or `targets` on channel 0 (answers keep request
+        order)."""
         if self.stage is not Stage.CLOSING:
             self._frame_control(0, answer)
 

@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ErrorCode, RequestError
@@ -181,6 +182,15 @@ class Gate:
         principals = self.access.principals
         found = principals.get(principal) if principals is not None else None
         return found is None or found.local
+
+    def may_open(self, principal: str, target: str, labels: Mapping[str, str]) -> bool:
+        """Whether ``principal`` may open sessions on ``target`` (its `targets` in the
+        principals file; without one, the server's one principal may open every target)."""
+        principals = self.access.principals
+        if principals is None:
+            return True
+        found = principals.get(principal)
+        return found is not None and found.may_open(target, labels)
 
     def admit_grant(self, peer: Peer, secret: str, grants: Grants) -> Grant:
         """The open grant ``secret`` names (section 11): it admits the peer on any listener,

@@ -41,6 +41,11 @@ class Reason(enum.StrEnum):
     ABANDONED = "abandoned"  # a detached session nobody reattached in time
 
 
+# A record's target: the name, or None (null) on this host; UNSET (absent) only in a record
+# of an older server, so this server writes it always.
+Where = str | None | msgspec.UnsetType
+
+
 class Record(msgspec.Struct, tag_field="event", omit_defaults=True, kw_only=True):
     """One line of the journal; `event` is the tag. Members we do not know are ignored.
 
@@ -62,19 +67,20 @@ class SessionStart(Record, tag="session.start", kw_only=True):
     argv: list[str]
     pty: bool
     pid: int | None  # null when the spawn failed: always written
-    principal: str | None = None  # whom it belongs to: a principal's name (--principals),
-    # else `token` or `uid:N` (section 9); none in an older server's record
     start_time: int | None = None  # the process's start, clock ticks since boot
     cgroup: str | None = None  # the directory of its cgroup, where the server contains trees
+    principal: str | None = None  # whom the session belongs to: a principal's name
+    # (--principals), else `token` or `uid:N` (section 9); none in an older server's record
+    target: Where = msgspec.UNSET  # section 15: the target it runs on, or null on this host
 
 
 class SessionRefused(Record, tag="session.refused", kw_only=True):
     """An `open` refused for who asked or where (contracts.md, "One door to many hosts"):
     `id` is the one the session would have had."""
 
-    principal: str
-    target: str | None = None  # the target it named, or null for this host
     code: str
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class SessionEnd(Record, tag="session.end", kw_only=True):
@@ -90,6 +96,8 @@ class SessionEnd(Record, tag="session.end", kw_only=True):
     leftovers: int | None = None  # processes of its cgroup killed after its process ended
     oom: bool | None = None  # its cgroup's memory limit killed one of its processes (None:
     # not contained)
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class SessionDetach(Record, tag="session.detach", kw_only=True):
@@ -101,6 +109,8 @@ class SessionDetach(Record, tag="session.detach", kw_only=True):
     # INPUT (None: an older record's writer)
     grant: str | None = None  # the public id of the grant it was attached through
     reason: str | None = None  # `detached`'s: stolen, revoked, expired
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class SessionAttach(Record, tag="session.attach", kw_only=True):
@@ -109,6 +119,8 @@ class SessionAttach(Record, tag="session.attach", kw_only=True):
     peer: str
     role: str | None = None  # as SessionDetach's
     grant: str | None = None  # the public id of the grant it came with: never the grant
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class SessionShare(Record, tag="session.share", kw_only=True):
@@ -118,6 +130,8 @@ class SessionShare(Record, tag="session.share", kw_only=True):
     grant: str
     role: str
     expires: str  # RFC 3339
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class SessionUnshare(Record, tag="session.unshare", kw_only=True):
@@ -127,6 +141,8 @@ class SessionUnshare(Record, tag="session.unshare", kw_only=True):
     grant: str
     reason: str  # REVOKED or EXPIRED
     channels: int | None = None  # the channels attached through it, detached
+    principal: str | None = None  # (as SessionStart's)
+    target: Where = msgspec.UNSET
 
 
 class ServerUpgrade(msgspec.Struct, tag="server.upgrade", tag_field="event", kw_only=True,
@@ -336,11 +352,12 @@ class Journal:
         survivors = []
         open_now = self._starts.follow(self.fd)
         for start in [s for s in open_now.values() if s.id.startswith(prefix)]:
-            if not contained and start.pid is not None and start.pid > 0 and (
+            if not contained and _here(start) and start.pid is not None and start.pid > 0 and (
                     _still_ours(start.pid, start.start_time)):
                 survivors.append(start.pid)
             self._append_now(SessionEnd(id=start.id, at=now_rfc3339(),
-                                        reason=Reason.CRASH_INFERRED))
+                                        reason=Reason.CRASH_INFERRED,
+                                        principal=start.principal, target=start.target))
         return survivors
 
     def recover(self, grace: float = 1.0) -> list[SessionEnd]:
@@ -355,10 +372,11 @@ class Journal:
         survivors = []
         cgroups = orphaned_cgroups(parsed.records)
         for start in open_sessions(parsed.records):
-            if start.cgroup is None and start.pid is not None and start.pid > 0 and (
-                    _still_ours(start.pid, start.start_time)):
+            if start.cgroup is None and _here(start) and start.pid is not None and (
+                    start.pid > 0 and _still_ours(start.pid, start.start_time)):
                 survivors.append(start.pid)
-            end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED)
+            end = SessionEnd(id=start.id, at=now_rfc3339(), reason=Reason.CRASH_INFERRED,
+                             principal=start.principal, target=start.target)
             self._append_now(end)
             ends.append(end)
         if ends or cgroups:
@@ -371,16 +389,21 @@ class Journal:
 
     def start_record(self, session_id: str, peer: str, argv: list[str], pty: bool,
                      pid: int | None, principal: str, cgroup: str | None = None,
-                     ) -> SessionStart:
+                     target: str | None = None) -> SessionStart:
         """A session's `session.start` (with its process's start time, which tells the pid
         from its reuse after a crash, and its cgroup, which a crash's recovery kills)."""
-        start_time = process_start_time(pid) if pid is not None else None
+        start_time = process_start_time(pid) if pid is not None and target is None else None
         return SessionStart(id=session_id, at=now_rfc3339(), peer=peer, argv=argv, pty=pty,
-                            pid=pid, principal=principal, start_time=start_time,
-                            cgroup=cgroup)
+                            pid=pid, principal=principal, target=target,
+                            start_time=start_time, cgroup=cgroup)
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _here(start: SessionStart) -> bool:
+    """Whether the session ran on this host (a target's `pid` is the far side's)."""
+    return not isinstance(start.target, str)
 
 
 def _still_ours(pid: int, recorded_start: int | None) -> bool:

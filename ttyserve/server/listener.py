@@ -8,7 +8,6 @@ cancels every connection, which kills and reaps every process.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -16,6 +15,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import anyio
@@ -24,7 +24,6 @@ import anyio.abc
 from ..addresses import Address
 from ..backends.base import Backend
 from ..backends.local import ChildBackend, LocalBackend
-from ..errors import ConfigError, ErrorCode, RequestError
 from ..protocol.messages import HTTP
 from ..protocol.server import ServerConnection
 from ..transport.direct import OutputReader
@@ -44,7 +43,10 @@ from .handover import HandoverState
 from .journal import Journal
 from .mesh import Mesh
 from .registry.registry import SessionRegistry, busy
+from .reloading import reload
 from .settings import ServerSettings
+from .targets.config import load_targets
+from .targets.hosts import TargetHosts
 from .tasks import Tasks, open_tasks
 
 if TYPE_CHECKING:
@@ -80,6 +82,10 @@ class Server:
         self.api = api
         self.registry = SessionRegistry(
             settings, backend or LocalBackend(settings.default_cwd), journal, mesh)
+        if settings.targets:
+            self.registry.targets = TargetHosts(
+                load_targets(settings.targets), settings.target_window, settings.target_idle,
+                settings.handshake_timeout)
         self.mesh = mesh
         self.link = link
         # A worker's clients: their connections come over its control socket, accepted by
@@ -107,30 +113,8 @@ class Server:
         self._wake.set()
 
     def reload(self) -> None:
-        """SIGHUP: read the principals file again. One that cannot be used keeps the old
-        principals (and says why); a principal no longer in it has its connections closed
-        and its sessions hung up as a shutdown does."""
-        if not self.settings.principals:
-            log.info("SIGHUP: nothing to read again (no --principals)")
-            return
-        old = self.gate.access
-        try:
-            new = dataclasses.replace(old, principals=self.settings.access.principals)
-        except ConfigError as exc:
-            log.error("SIGHUP: %s: the principals read before are kept", exc)
-            return
-        assert old.principals is not None and new.principals is not None
-        self.gate.access = new
-        gone = {principal.name for principal in old.principals} - {
-            principal.name for principal in new.principals}
-        log.info("SIGHUP: %d principal(s) from %s%s", len(new.principals),
-                 self.settings.principals, f"; removed: {', '.join(sorted(gone))}" if gone
-                 else "")
-        for handler in [h for h in self.handlers if h.principal in gone]:
-            handler.close(RequestError(ErrorCode.UNAUTHORIZED,
-                                       "this connection's principal was removed"))
-        for name in gone:
-            self.registry.hang_up(name)
+        """SIGHUP: read the principals and targets files again (reloading.py)."""
+        reload(self)
 
     def force(self) -> None:
         """End now: cancel every session, kill and reap its processes."""
@@ -172,7 +156,9 @@ class Server:
                 maintenance.start_soon(backend.containment.tend)
             if self.dispatched is not None:
                 maintenance.start_soon(self._take_dispatched, *self.dispatched)
-            async with self.registry.running():
+            targets = self.registry.targets
+            async with targets.running() if targets is not None else nullcontext(), \
+                    self.registry.running():
                 if adopt is not None:  # before the orphan reaper's first sweep (no checkpoint
                     # since it was started): a leader that exited during the hand-over is
                     # its session's to reap, with its status

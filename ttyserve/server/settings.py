@@ -37,6 +37,8 @@ from ..defaults import (
     DEFAULT_SCROLLBACK,
     DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_STDIN_WINDOW,
+    DEFAULT_TARGET_IDLE,
+    DEFAULT_TARGET_WINDOW,
     DEFAULT_UPGRADE_DRAIN,
 )
 from ..errors import ConfigError
@@ -75,6 +77,17 @@ class ServerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "TOML file of named principals, each known by its token's SHA-256, with the targets "
         "it may open and whether it may run sessions here: every listener then admits only "
         "their tokens (read again at SIGHUP)", "FILE")] = None
+    targets: Annotated[str | None, option(
+        "TOML file of named hosts behind this server, each reached through a carrier "
+        "(ssh://, via:), where clients may open sessions by name (read again at SIGHUP)",
+        "FILE")] = None
+    target_idle: Annotated[float, option(
+        "seconds a target's carrier connection stays up without a session there",
+        "S", ge=0)] = DEFAULT_TARGET_IDLE
+    target_window: Annotated[int, option(
+        "output credit a session on a target gets beyond what its clients took, bytes "
+        "(what this server buffers per session at most)", "BYTES", ge=4096,
+        le=(1 << 31) - 1)] = DEFAULT_TARGET_WINDOW
     tls_cert: Annotated[str | None, option(
         "certificate chain (PEM) for tls: listeners", "FILE")] = None
     tls_key: Annotated[str | None, option("private key (PEM) for tls: listeners", "FILE")] = None

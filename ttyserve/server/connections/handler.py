@@ -41,6 +41,7 @@ from ...protocol.server import (
     ServerEvent,
     ShareRequested,
     StdinReceived,
+    TargetsRequested,
     UnshareRequested,
 )
 from ...transport.direct import OutputReader
@@ -319,4 +320,5 @@ _ACTS: dict[type, Callable[[ConnectionHandler, Any], Later | None]] = {
     ListRequested: lambda handler, event: handler.requests.list_requested(handler, event),
     ShareRequested: lambda handler, event: handler.requests.share_requested(handler, event),
     UnshareRequested: lambda handler, event: handler.requests.unshare_requested(handler, event),
+    TargetsRequested: lambda handler, event: handler.requests.targets_requested(handler, event),
 }

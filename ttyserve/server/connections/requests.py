@@ -23,6 +23,7 @@ from ...protocol.messages import (
     Opened,
     Sessions,
     Shared,
+    Targets,
     Unshared,
 )
 from ...protocol.server import (
@@ -31,6 +32,7 @@ from ...protocol.server import (
     OpenRequested,
     ReleaseRequested,
     ShareRequested,
+    TargetsRequested,
     UnshareRequested,
 )
 from ..channels.attachment import Attachment, StreamAttachment
@@ -59,10 +61,16 @@ class SessionRequests:
         """The connection ends (nothing of its own to let go here)."""
 
     def open_requested(self, handler: ConnectionHandler, event: OpenRequested) -> Later | None:
-        if not handler.gate.may_run_here(handler.principal):
+        target = event.request.target
+        if target is None and not handler.gate.may_run_here(handler.principal):
             self._refused(handler, event.channel, RequestError(
                 ErrorCode.FORBIDDEN, f"principal {handler.principal!r} may not run sessions "
                 "on this host (local = false in the principals file)"))
+            return None
+        if target is not None and not self._may_open(handler, target):
+            self._refused(handler, event.channel, RequestError(
+                ErrorCode.NO_SUCH_TARGET, f"no target {target!r} this principal may open"),
+                target)
             return None
         if self._open_now(handler, event):
             return None
@@ -77,6 +85,24 @@ class SessionRequests:
     def list_requested(self, handler: ConnectionHandler, event: ListRequested) -> Later | None:
         handler.core.answer(Sessions(sessions=handler.registry.listing(handler.principal)))
         return None
+
+    def targets_requested(self, handler: ConnectionHandler,
+                          event: TargetsRequested) -> Later | None:
+        """`targets`: those this principal may open, and how each is reached now."""
+        hosts = handler.registry.targets
+        found = [] if hosts is None else hosts.listing(
+            functools.partial(handler.gate.may_open, handler.principal))
+        handler.core.answer(Targets(targets=found))
+        return None
+
+    @staticmethod
+    def _may_open(handler: ConnectionHandler, name: str) -> bool:
+        """Whether the target exists and the connection's principal may open it (one
+        answer for both: names are not revealed)."""
+        hosts = handler.registry.targets
+        place = hosts.place(name) if hosts is not None else None
+        return place is not None and handler.grant is None and handler.gate.may_open(
+            handler.principal, name, place.target.labels)
 
     @staticmethod
     def _refused(handler: ConnectionHandler, channel: int, error: RequestError,
@@ -118,7 +144,8 @@ class SessionRequests:
         handler.registry.ends.start(session)
         if not handler.core.opened(channel, Opened(
                 pid=session.pid, argv=session.spec.argv, pty=session.spec.pty,
-                session=session.id if session.detachable else None)):
+                session=session.id if session.detachable else None,
+                target=session.spec.target)):
             handler.routes.pop(channel, None)  # the connection closed meanwhile
             attachment.released = True
             session.cancel()

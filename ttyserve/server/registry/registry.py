@@ -45,6 +45,7 @@ from ..journal import (
     Reason,
     SessionDetach,
     SessionEnd,
+    SessionRefused,
 )
 from ..mesh import Mesh
 from ..sessions.life import Phase
@@ -54,6 +55,7 @@ from ..sessions.session import ServerSession
 from ..sessions.sinks import Sink
 from ..sessions.typing_first import Typing
 from ..settings import ServerSettings
+from ..targets.hosts import TargetHosts
 from ..tasks import Tasks, open_tasks
 from .handing_over import HandingOver
 from .idempotency import IdempotencyKeys
@@ -100,6 +102,7 @@ class SessionRegistry:
         self._spawn_nowait: Callable[[ProcessSpec], ProcessHandle] | None = (
             backend.spawn_nowait if isinstance(backend, SpawnsAtOnce) else None)
         self.journal = journal
+        self.targets: TargetHosts | None = None  # section 15: the hosts behind this server
         # Running sessions, and detachable ones whose exit waits for a client (until it is
         # delivered, or --detached-timeout passes).
         self.sessions = SessionsHere(mesh.census if mesh is not None else None)
@@ -145,7 +148,9 @@ class SessionRegistry:
         return ProcessSpec(
             argv=list(request.argv) or list(self._default_argv), pty=request.pty,
             rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
-            cwd=request.cwd or self.settings.default_cwd, name=session_id)
+            cwd=request.cwd or self.settings.default_cwd, name=session_id,
+            target=request.target, detachable=request.detachable,
+            detached_timeout=request.detached_timeout or self.settings.detached_timeout)
 
     def admit(self, sessions_here: int) -> None:
         """RequestError when no session may start now: shutting_down, or busy (the server's
@@ -178,14 +183,21 @@ class SessionRegistry:
         spec = self._admit_open(request, peer, sessions_here, session_id)
         with self.sessions.open_under_way():
             try:
-                process = await self.backend.spawn(spec)
+                process = await self._backend_for(spec).spawn(spec)
             except OSError as exc:
                 failure = exc.errno
                 await self.ends.record(lambda journal: journal.append(
-                    journal.start_record(session_id, peer, spec.argv, spec.pty, None, owner),
+                    journal.start_record(session_id, peer, spec.argv, spec.pty, None, owner,
+                                         target=spec.target),
                     SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
-                               errno=failure)))
+                               errno=failure, principal=owner, target=spec.target)))
                 raise _spawn_failed(exc, peer) from exc
+            except RequestError as exc:  # a target's: unreachable, or its refusal
+                code = str(exc.code)
+                await self.ends.record(lambda journal: journal.append(SessionRefused(
+                    id=session_id, at=journal.now(), principal=owner, target=spec.target,
+                    code=code)))
+                raise
             session = self._session(session_id, process, spec, owner, peer,
                                     request.detachable, request.detached_timeout)
             session.key = request.idempotency_key
@@ -193,7 +205,7 @@ class SessionRegistry:
             # owner.
             session.life.started(await self.ends.record(lambda journal: journal.append(
                 journal.start_record(session_id, peer, spec.argv, spec.pty, process.pid,
-                                     owner, process.cgroup_path))))
+                                     owner, process.cgroup_path, spec.target))))
         return self._admitted(session)
 
     def open_nowait(self, request: Open, owner: str, peer: str,
@@ -202,7 +214,7 @@ class SessionRegistry:
         `spawn_nowait`): the session, or RequestError as `open` raises; None when the open
         has to be awaited."""
         spawn_nowait = self._spawn_nowait
-        if self.journal is not None or spawn_nowait is None:
+        if self.journal is not None or spawn_nowait is None or request.target is not None:
             return None
         with self.keys.holding(owner, request.idempotency_key, request.detachable):
             session_id = self._new_id(request.detachable)
@@ -216,6 +228,15 @@ class SessionRegistry:
                                     request.detachable, request.detached_timeout)
             session.key = request.idempotency_key
             return self._admitted(session)
+
+    def _backend_for(self, spec: ProcessSpec) -> Backend:
+        """This host's backend, or the target's the spec names (section 15)."""
+        if spec.target is None:
+            return self.backend
+        place = self.targets.place(spec.target) if self.targets is not None else None
+        if place is None:  # (removed from the file since the open was admitted)
+            raise RequestError(ErrorCode.NO_SUCH_TARGET, f"no target {spec.target!r}")
+        return place
 
     def _new_id(self, detachable: bool) -> str:
         """A detachable session's id names it to whoever attaches: unguessable. Another's
@@ -349,7 +370,7 @@ class SessionRegistry:
                                             stderr=s.ring.end[FrameKind.STDERR])
                             if s.ring is not None else None, idempotency_key=s.key,
                             attached_by=HTTP if s.sink is not None
-                            and s.sink.role == STREAM else None)
+                            and s.sink.role == STREAM else None, target=s.spec.target)
                 for s in self.sessions.values() if s.detachable and s.owner == owner]
 
     # --- the sweeper, and the end ----------------------------------------------------

@@ -109,7 +109,8 @@ class SessionEnds:
                     ) -> SessionEnd:
         final = session.process.status
         return SessionEnd(
-            id=session.id, at=journal.now(), reason=session.life.end_reason(status),
+            id=session.id, at=journal.now(), principal=session.owner,
+            target=session.spec.target, reason=session.life.end_reason(status),
             code=final.code if final else None, signal=final.signal if final else None,
             error=final.error if final else None,
             bytes_in=session.bytes_in, bytes_out=session.bytes_out,
@@ -135,14 +136,18 @@ class SessionEnds:
         self.registry.deadline_moved()
         self.record_soon(kind, session.id, peer=peer, **members)
 
-    def record_soon(self, kind: type[Record], session_id: str, **members: object) -> None:
-        """Write a record of ``session_id`` in a task (the journal's `at`)."""
+    def record_soon(self, kind: type[Record], session_id: str, **members: Any) -> None:
+        """Write a record of ``session_id`` in a task (the journal's `at`), with its
+        principal and target where the record does not name them."""
         if self.registry.journal is not None and self.registry.task_group is not None:
+            if (session := self.registry.sessions.get(session_id)) is not None:
+                members.setdefault("principal", session.owner)
+                members.setdefault("target", session.spec.target)
             self.noting += 1
             self.registry.task_group.start_soon(self._note, kind, session_id, members)
 
     async def _note(self, kind: type[Record], session_id: str,
-                    members: dict[str, object]) -> None:
+                    members: dict[str, Any]) -> None:
         try:
             await self.record(lambda journal: journal.append(
                 kind(id=session_id, at=journal.now(), **members)))

@@ -15,14 +15,13 @@ import errno
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
 
 from ..addresses import Address
-from ..backends.watch import open_exit_watch
 from ..defaults import (
     CARRIER_STDERR_READ,
     DEFAULT_REMOTE_COMMAND,
@@ -32,8 +31,9 @@ from ..defaults import (
 from ..errors import CARRIER_FAILURES, CarrierError, CarrierFailure, OutOfResources
 from ..exitcodes import ExecExit, ServeExit, signal_name
 from ..lines import LineBuffer, write_all
+from ..transport.background import beside
 from ..transport.streams import PipeTransport, close_gracefully
-from .background import beside
+from .watch import open_exit_watch
 
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
 NO_WELCOME_GRACE = 0.5  # the same, before `welcome`: the far side has nothing to finish
@@ -180,12 +180,13 @@ class Carrier:
             self.stderr_done.set()
 
 
-def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int,
+           env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
     """Start the carrier with the terminal's signals blocked (see TERMINAL_SIGNALS)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr,
-                                close_fds=True)
+                                close_fds=True, env=env)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
@@ -193,8 +194,10 @@ def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int) -> subprocess.
 @contextlib.asynccontextmanager
 async def run_carrier(address: Address, on_stderr: StderrLine,
                       remote_command: str = DEFAULT_REMOTE_COMMAND,
-                      persist: bool = False) -> AsyncIterator[Carrier]:
-    """Start the carrier for ``address``; on the way out, end and reap it (`Carrier.end`).
+                      persist: bool = False, env: Mapping[str, str] | None = None,
+                      ) -> AsyncIterator[Carrier]:
+    """Start the carrier for ``address`` (with ``env``, else ours); on the way out, end and
+    reap it (`Carrier.end`).
 
     Raises CarrierError (not_installed) when the carrier program cannot be run here, and
     OutOfResources when this machine cannot start it.
@@ -204,7 +207,7 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
     try:
         for _ in range(3):  # stdin, stdout, stderr
             pipes.append(os.pipe2(os.O_CLOEXEC))
-        process = _spawn(argv, pipes[0][0], pipes[1][1], pipes[2][1])
+        process = _spawn(argv, pipes[0][0], pipes[1][1], pipes[2][1], env)
     except OSError as exc:
         for read_end, write_end in pipes:
             os.close(read_end)
