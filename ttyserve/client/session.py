@@ -158,6 +158,7 @@ class Session:
         self.pid: int | None = None
         self.id: str | None = None  # a detachable session's id: what `attach` takes
         self.argv: list[str] | None = None  # what runs, as the server said
+        self.target: str | None = None  # the target it runs on (section 15), as `opened` said
         self.pty = pty  # whether it runs under a PTY: as asked until the server says
         self.dropped = 0  # for an attached session: output lost from its ring before
         self.prologue: str | None = None  # for an attached PTY: what restores the terminal
@@ -431,6 +432,7 @@ class Session:
 
     def _opened(self, opened: Opened) -> None:
         self.pid, self.id, self.argv = opened.pid, opened.session, opened.argv
+        self.target = opened.target
         if opened.pty is not None:  # (a server that does not say: what was asked)
             self.pty = opened.pty
         self._answered.set()
