@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from . import procs
+from .door import CarrierSystem, DoorSystem
 from .peers import AsyncsshSystem, OpenSSHSystem
 from .server import serve_flags
 from .stats import Summary, cell, render_table
@@ -107,6 +108,7 @@ def make_systems(names: list[str], workdir: str) -> list[System]:
         "ttyserve-observed": TtyserveObservedSystem,
         "ttyserve-unobserved": TtyserveUnobservedSystem,
         "ttyserve-stalled": TtyserveStalledSystem,
+        "ttyserve-door": DoorSystem, "ttyserve-carrier": CarrierSystem,
     }
     return [factories[name](workdir) for name in names]
 

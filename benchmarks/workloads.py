@@ -532,7 +532,8 @@ ALL_SYSTEMS = (*PEERS, HTTP, "ttyserve-resume",  # (compared only with ttyserve-
                "ttyserve-w1",  # (one process: beside `ttyserve`, whose default is auto)
                "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
                "ttyserve-unobserved", "ttyserve-observed",  # (observers' cost: each other)
-               "ttyserve-stalled")
+               "ttyserve-stalled",
+               "ttyserve-door", "ttyserve-carrier")  # (the door's cost: each other)
 
 WORKLOADS = [
     Workload(
@@ -704,6 +705,29 @@ WORKLOADS.append(Workload(
      Metric("p50_us", "echo p50 us"), Metric("p99_us", "echo p99 us")],
     [Target("mbps", ">=", 0.8, "ttyserve-unobserved", system="ttyserve-stalled")],
     ("ttyserve-unobserved", "ttyserve-observed", "ttyserve-stalled"), measure_observed))
+
+
+
+def measure_door(system: System, ctx: Context) -> dict[str, float]:
+    """Sequential `true` sessions on one connection whose carrier is up, and a pipe stream
+    of a quarter of the pipe size: through the door or over the carrier directly."""
+    run = system.sessions_one_connection(["true"], ctx.sizes.sessions, "unix")
+    size = ctx.sizes.pipe_bytes // 4
+    moved = system.stream(["head", "-c", str(size), "/dev/zero"], False, "unix")
+    if moved.nbytes != size:
+        raise RuntimeError(f"received {moved.nbytes} of {size} bytes")
+    return {"start_ms": percentile(run.latencies, 50) * 1e3,
+            "mbps": moved.nbytes / moved.seconds / MB}
+
+
+WORKLOADS.append(Workload(
+    "door", "The door (section 15): sessions on a target through `serve --targets` against "
+            "the same carrier (`via:env` to `serve --stdio --persist`) run by the client, "
+            "each connection's carrier up: open to exit of `true`, and pipe output",
+    [Metric("start_ms", "open to exit p50 ms"), Metric("mbps", "MB/s", True)],
+    [Target("start_ms", "<=", 1.2, "ttyserve-carrier", system="ttyserve-door"),
+     Target("mbps", ">=", 0.7, "ttyserve-carrier", system="ttyserve-door")],
+    ("ttyserve-door", "ttyserve-carrier"), measure_door, reps=3))
 
 BY_NAME = {workload.name: workload for workload in WORKLOADS}
 

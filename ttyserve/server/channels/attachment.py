@@ -163,7 +163,7 @@ class SessionChannel:
 
     @property
     def ends_on_upgrade(self) -> bool:
-        return not self.session.detachable
+        return not self.session.outlives_upgrade
 
     def stdin(self, data: bytes) -> Later | None:
         session = self.session

@@ -44,7 +44,7 @@ class HandingOver:
         seconds, then hang them up, as a graceful shutdown does; those still running
         ``grace`` seconds later are ended (killed)."""
         def undetachable() -> list[ServerSession]:
-            return [s for s in self.registry.sessions.values() if not s.detachable]
+            return [s for s in self.registry.sessions.values() if not s.outlives_upgrade]
 
         with anyio.move_on_after(drain):
             await self.registry.ends.until(lambda: not undetachable())
@@ -82,7 +82,8 @@ class HandingOver:
     def describe(self) -> list[SessionState]:
         """What `handover` would hand over now, changing nothing (for the dry run: the new
         code must read it): the detachable sessions."""
-        return [session_state(s, dry=True) for s in self.registry.sessions.values() if s.detachable]
+        return [session_state(s, dry=True) for s in self.registry.sessions.values()
+                if s.outlives_upgrade]
 
     def handover(self) -> list[SessionState]:
         """Every session, for new code in this process (the caller executes it next, with no

@@ -107,6 +107,12 @@ class ServerSession:
         return self.ring is not None
 
     @property
+    def outlives_upgrade(self) -> bool:
+        """Whether an upgrade in place hands it to the new code: a detachable session of this
+        host (a target's process lives on a carrier connection, which cannot be handed)."""
+        return self.detachable and self.spec.target is None
+
+    @property
     def final(self) -> Exit | None:
         """Its exit, once its output is over and its tree dealt with."""
         return self.life.final

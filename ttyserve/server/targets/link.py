@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ...backends.carrier import run_carrier
-from ...defaults import CLIENT_NAME, SERVER_RECEIVE
+from ...defaults import CLIENT_NAME, CLIENT_RECEIVE
 from ...errors import CarrierError, LocalProtocolError, RemoteProtocolError
 from ...protocol.client import (
     AttachedReceived,
@@ -129,7 +129,7 @@ class TargetLink:
     async def _relay(self, transport: Any) -> None:
         try:
             while True:
-                self.core.receive_data(await transport.receive(SERVER_RECEIVE))
+                self.core.receive_data(await transport.receive(CLIENT_RECEIVE))
                 while (event := self.core.next_event()) is not None:
                     self._dispatch(event)
         except RemoteProtocolError as exc:
