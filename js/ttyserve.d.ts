@@ -52,6 +52,8 @@ export interface OpenOptions {
   detachable?: boolean;
   /** Seconds a detachable session is kept without a client (up to the server's limit). */
   detachedTimeout?: number;
+  /** Run it on this target of a door (`serve --targets`, protocol section 15). */
+  target?: string;
 }
 
 export interface AttachOptions {
@@ -86,6 +88,8 @@ export interface Opened {
   pid: number;
   argv?: string[];
   session?: string;
+  /** The door's target it runs on (section 15). */
+  target?: string;
 }
 
 export interface Attached {

@@ -32,7 +32,7 @@ def test_the_openapi_document_is_the_types(api: ApiServer) -> None:
     assert set(document["paths"]) == {
         "/api/v1/sessions", "/api/v1/sessions/{id}", "/api/v1/sessions/{id}/output",
         "/api/v1/sessions/{id}/stdin", "/api/v1/sessions/{id}/eof",
-        "/api/v1/sessions/{id}/signal", "/api/v1/sessions/{id}/resize"}
+        "/api/v1/sessions/{id}/signal", "/api/v1/sessions/{id}/resize", "/api/v1/targets"}
     assert msgspec.json.decode(b'{"argv": ["x"]}', type=CreateSession).pty is True
 
 

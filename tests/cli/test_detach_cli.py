@@ -101,7 +101,7 @@ def test_detach_list_and_attach_at_a_terminal(server_process: ServerProcess, tmu
     assert (info["session"], info["attached"], info["pty"]) == (session_id, False, True)
     table = subprocess.run(ttyserve_command("sessions", "--live", "--connect", address),
                            capture_output=True, text=True, timeout=20).stdout
-    assert re.search(rf"{session_id}\s+\d+\s+yes\s+\S+\s+detached\s+0\s+-\s+sh", table), table
+    assert re.search(rf"{session_id}\s+-\s+\d+\s+yes\s+\S+\s+detached\s+0\s+-\s+sh", table), table
 
     tmux.start("attach", command("attach", "--connect", address, session_id))
     tmux.expect("attach", r"typed-42")  # the scrollback first

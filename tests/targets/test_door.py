@@ -14,8 +14,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import Far, carriers
-from helpers import ServerProcess
+from helpers import ServerProcess, zombie_children
+from target_doors import Far, carriers
 
 from ttyserve.client import connect
 from ttyserve.errors import ErrorCode, RequestError
@@ -301,3 +301,29 @@ def test_a_targets_file_that_cannot_be_used_is_exit_3(short_dir: Path, workers: 
         "--targets", str(broken)), capture_output=True, text=True, timeout=30)
     assert served.returncode == ServeExit.CONFIG, served.stderr
     assert f"targets file {broken}" in served.stderr and "surprise" in served.stderr
+
+
+@pytest.mark.asyncio
+async def test_an_upgrade_in_place_ends_a_target_session_as_an_undetachable_one(
+        start_door: Door, far: FarMaker, short_dir: Path) -> None:
+    web = far("web-1")
+    door = start_door(web.entry())
+    async with connect(door.addresses[0], multiplex=True) as conn:
+        session = await conn.spawn(["cat"], pty=False, target="web-1", detachable=True)
+        here = await conn.spawn(["cat"], pty=False, detachable=True)  # this host's: kept
+        door.proc.send_signal(signal.SIGUSR2)
+        with anyio.fail_after(30):
+            status = await session.wait()
+        assert (status.code, status.signal) == (-1, "HUP")
+        assert here.status is None
+    with anyio.fail_after(30):
+        while not any(r["event"] == "server.upgrade" for r in records(short_dir)):
+            await anyio.sleep(0.05)  # (the new code's record: nothing a client sees)
+    async with connect(door.addresses[0], multiplex=True) as conn:  # both handed over
+        listed = {s.session: s for s in await conn.list_sessions()}
+        assert listed[here.id].exit is None and listed[here.id].target is None
+        ended = listed[session.id]
+        assert ended.target == "web-1" and ended.exit is not None
+        assert (ended.exit["code"], ended.exit["signal"]) == (-1, "HUP")
+    assert not [pid for each in door.pids() for pid in zombie_children(each)]  # its carriers
+    # were ended and reaped before the new code began

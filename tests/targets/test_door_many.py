@@ -12,8 +12,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import Far, carriers
 from helpers import ServerProcess
+from target_doors import Far, carriers
 
 from ttyserve.client import connect
 

@@ -18,13 +18,16 @@ from .types import (
     SessionStatus,
     SignalBody,
     StreamEvent,
+    TargetList,
 )
 
 _REF = "#/components/schemas/{name}"
 _ERRORS = {"400": "bad_request", "401": "unauthorized", "403": "forbidden or read_only",
-           "404": "no_such_session", "409": "session_in_use", "413": "a body over its limit",
-           "422": "spawn_failed (with errno)", "429": "busy",
-           "503": "shutting_down or server_restarting (with Retry-After)"}
+           "404": "no_such_session or no_such_target", "409": "session_in_use",
+           "413": "a body over its limit",
+           "422": "spawn_failed (with errno), or target_unreachable that no retry mends",
+           "429": "busy",
+           "503": "shutting_down, server_restarting or target_unreachable (with Retry-After)"}
 
 
 def _json(ref: dict[str, Any], description: str) -> dict[str, Any]:
@@ -47,10 +50,10 @@ def _operation(summary: str, answers: dict[str, Any], body: dict[str, Any] | Non
 
 @functools.cache
 def openapi_document() -> bytes:
-    (create, created, listing, status, signal, resize, event, _), components = (
+    (create, created, listing, status, signal, resize, event, _, targets), components = (
         msgspec.json.schema_components(
             (CreateSession, Created, SessionList, SessionStatus, SignalBody, ResizeBody,
-             StreamEvent, ErrorBody), ref_template=_REF))
+             StreamEvent, ErrorBody, TargetList), ref_template=_REF))
     session_id = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
     no_content = {"204": {"description": "done"}}
     offsets = [{"name": name, "in": "query", "required": False,
@@ -67,6 +70,9 @@ def openapi_document() -> bytes:
                                 "200": _json(created, "started before, same Idempotency-Key")},
                                {"application/json": {"schema": create}}),
             "get": _operation("this principal's sessions", {"200": _json(listing, "list")})},
+        "/api/v1/targets": {
+            "get": _operation("the targets this principal may open (section 15)",
+                              {"200": _json(targets, "targets")})},
         "/api/v1/sessions/{id}": {
             "parameters": [session_id],
             "get": _operation("a session's status; with wait, once it ended or after wait "
@@ -99,7 +105,7 @@ def openapi_document() -> bytes:
     document = {
         "openapi": "3.1.0",
         "info": {"title": "ttyserve HTTP API", "version": __version__,
-                 "description": "Protocol v1, section 13."},
+                 "description": "Protocol v1, sections 13 and 15."},
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],

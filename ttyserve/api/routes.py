@@ -52,6 +52,7 @@ from .types import (
     SessionList,
     SessionStatus,
     SignalBody,
+    TargetList,
     entry,
 )
 
@@ -62,7 +63,8 @@ STATUS: dict[str, int] = {
     ErrorCode.BAD_REQUEST: 400, ErrorCode.UNAUTHORIZED: 401, ErrorCode.FORBIDDEN: 403,
     ErrorCode.READ_ONLY: 403, ErrorCode.NO_SUCH_SESSION: 404, ErrorCode.SESSION_IN_USE: 409,
     ErrorCode.SPAWN_FAILED: 422, ErrorCode.BUSY: 429, ErrorCode.SHUTTING_DOWN: 503,
-    ErrorCode.SERVER_RESTARTING: 503}
+    ErrorCode.SERVER_RESTARTING: 503, ErrorCode.NO_SUCH_TARGET: 404,
+    ErrorCode.TARGET_UNREACHABLE: 503}  # (422 when not retriable: section 15)
 HANDBACK_WAIT = 300.0  # seconds an output stream waits for its writer role back
 CANCEL_WAIT = 5.0  # seconds a DELETE waits for its session's end
 _SESSION = re.compile(r"sessions/([^/]+)(/(output|stdin|eof|signal|resize))?")
@@ -83,8 +85,11 @@ class ApiError(Exception):
     def of(cls, error: RequestError) -> ApiError:
         retry = ([("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000))))]
                  if error.retry_after_ms is not None else [])
-        return cls(STATUS.get(str(error.code), 400), str(error.code), error.message,
-                   retriable=error.retriable, errno=error.errno, headers=retry)
+        status = STATUS.get(str(error.code), 400)
+        if error.code == ErrorCode.TARGET_UNREACHABLE and not error.retriable:
+            status = 422  # its carrier failed in a way no wait mends (not_installed, config)
+        return cls(status, str(error.code), error.message, retriable=error.retriable,
+                   errno=error.errno, headers=retry)
 
 
 def bad_request(message: str, status: int = 400) -> ApiError:
@@ -128,6 +133,10 @@ class HttpApi:
             _allow(method, "GET", "POST")
             await (self._create(exchange) if method == "POST" else self._list(exchange))
             return
+        if path == "targets":
+            _allow(method, "GET")
+            await self._targets(exchange)
+            return
         if (match := _SESSION.fullmatch(path)) is None:
             raise bad_request(f"nothing here at {exchange.path!r} (see {API_PREFIX}"
                               "openapi.json)", 404)
@@ -153,7 +162,8 @@ class HttpApi:
                 session = await conn.spawn(
                     request.argv, pty=request.pty, rows=request.rows, cols=request.cols,
                     term=request.term, env=request.env, cwd=request.cwd, detachable=True,
-                    detached_timeout=request.detached_timeout, idempotency_key=key)
+                    detached_timeout=request.detached_timeout, idempotency_key=key,
+                    target=request.target)
             except RequestError as exc:  # the same key, started meanwhile on this worker
                 if (exc.code != ErrorCode.SESSION_IN_USE or key is None
                         or (known := await _keyed(conn, key)) is None):
@@ -172,6 +182,12 @@ class HttpApi:
             sessions = await conn.list_sessions()
         await exchange.answer(200, msgspec.json.encode(SessionList(
             sessions=[entry(info) for info in sessions])), JSON)
+
+    async def _targets(self, exchange: Exchange) -> None:
+        """`GET /api/v1/targets`: as the `targets` message (section 15)."""
+        async with connection(exchange) as conn:
+            targets = await conn.list_targets()
+        await exchange.answer(200, msgspec.json.encode(TargetList(targets=targets)), JSON)
 
     async def _status(self, exchange: Exchange, session_id: str) -> None:
         wait = _seconds(exchange.query.get("wait"))

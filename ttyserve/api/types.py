@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..protocol.messages import Exit, Offsets, Open, Resize, SessionInfo, Signal
+from ..protocol.messages import Exit, Offsets, Open, Resize, SessionInfo, Signal, TargetInfo
 
 
 def _member(f: msgspec.structs.FieldInfo) -> tuple[str, Any, Any]:
@@ -65,6 +65,13 @@ class SessionList(msgspec.Struct, kw_only=True):
     """`GET /api/v1/sessions`: `list`'s entries (section 9)."""
 
     sessions: list[SessionEntry]  # type: ignore[valid-type]
+
+
+class TargetList(msgspec.Struct, kw_only=True):
+    """`GET /api/v1/targets`: the targets this principal may open, as `targets` says them
+    (section 15)."""
+
+    targets: list[TargetInfo]
 
 
 class SessionStatus(msgspec.Struct, kw_only=True):

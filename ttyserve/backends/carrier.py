@@ -181,12 +181,12 @@ class Carrier:
 
 
 def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int,
-           env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
+           env: Mapping[str, str] | None, new_session: bool) -> subprocess.Popen[bytes]:
     """Start the carrier with the terminal's signals blocked (see TERMINAL_SIGNALS)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr,
-                                close_fds=True, env=env)
+                                close_fds=True, env=env, start_new_session=new_session)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
@@ -195,8 +195,10 @@ def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int,
 async def run_carrier(address: Address, on_stderr: StderrLine,
                       remote_command: str = DEFAULT_REMOTE_COMMAND,
                       persist: bool = False, env: Mapping[str, str] | None = None,
-                      ) -> AsyncIterator[Carrier]:
-    """Start the carrier for ``address`` (with ``env``, else ours); on the way out, end and
+                      new_session: bool = False) -> AsyncIterator[Carrier]:
+    """Start the carrier for ``address`` (with ``env``, else ours; in a session of its own
+    with ``new_session``: a server's carrier, which no terminal of ours may signal and
+    whose end, if this code is replaced, an orphan reaper may reap); on the way out, end and
     reap it (`Carrier.end`).
 
     Raises CarrierError (not_installed) when the carrier program cannot be run here, and
@@ -207,7 +209,7 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
     try:
         for _ in range(3):  # stdin, stdout, stderr
             pipes.append(os.pipe2(os.O_CLOEXEC))
-        process = _spawn(argv, pipes[0][0], pipes[1][1], pipes[2][1], env)
+        process = _spawn(argv, pipes[0][0], pipes[1][1], pipes[2][1], env, new_session)
     except OSError as exc:
         for read_end, write_end in pipes:
             os.close(read_end)

@@ -109,7 +109,7 @@ async def _open_session(options: ExecOptions, pty: bool, size: tuple[int, int],
                         options.argv, pty=pty, rows=size[0], cols=size[1],
                         term=os.environ.get("TERM", DEFAULT_TERM) if pty else DEFAULT_TERM,
                         env=options.env, cwd=options.cwd, detachable=options.detachable,
-                        resume=options.resume)
+                        resume=options.resume, target=options.on_target)
             except RETRIED as exc:
                 delay = retry_delay(exc, options, attempt)
                 await stack.aclose()

@@ -173,7 +173,7 @@ def _open(options: ExecOptions, signals: _Signals) -> _Session:
             protocol=PROTOCOL_VERSION, token=options.token, client=CLIENT_NAME))
         session.outgoing += session.core.open(CHANNEL, Open(
             argv=options.argv, pty=False, rows=rows, cols=cols, env=options.env,
-            cwd=options.cwd))
+            cwd=options.cwd, target=options.on_target))
         poll = select.poll()
         while True:
             session.send_now()

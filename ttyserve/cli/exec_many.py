@@ -10,12 +10,11 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
-from ..addresses import Address
 from ..client.fanout import (
     FDS_PER_TARGET,
     CarrierLine,
@@ -24,8 +23,10 @@ from ..client.fanout import (
     Finished,
     Opened,
     Retrying,
+    Target,
     TargetResult,
     fan_out,
+    resolve_targets,
 )
 from ..client.fanout import Output as OutputEvent
 from ..client.retry import retriable
@@ -193,24 +194,25 @@ async def _ticker(progress: Progress) -> None:
         progress.refresh()
 
 
-async def _fan_out(options: ExecOptions, targets: list[tuple[str, Address]],
-                   parallel: int) -> int:
+async def _fan_out(options: ExecOptions, targets: Sequence[Target], parallel: int) -> int:
+    resolved = resolve_targets(targets)
+    names = [name for name, _, _ in resolved]
     tls = None
-    if any(address.encrypted for _, address in targets):
+    if any(address.encrypted for _, address, _ in resolved):
         try:
             tls = tls_context("client", cafile=options.tls_ca)
         except ConfigError as exc:
             sys.stderr.write(f"ttyserve exec: {exc}\n")
             return ExecExit.FAILURE
-    progress = Progress(len(targets), enabled=os.isatty(2))
+    progress = Progress(len(names), enabled=os.isatty(2))
     screen = Screen(Output(options.json), progress)
     results: dict[str, TargetResult] = {}
     interrupted: list[bool] = []
     stdout_closed = False
     with anyio.open_signal_receiver(*FORWARDED) as signals, anyio.CancelScope() as cancel:
-        async with fan_out(options.argv, [name for name, _ in targets],
-                           parallel=parallel, env=options.env, cwd=options.cwd,
-                           token=options.token, tls=tls, retries=options.retries,
+        async with fan_out(options.argv, targets, parallel=parallel, env=options.env,
+                           cwd=options.cwd, token=options.token, tls=tls,
+                           retries=options.retries,
                            remote_command=options.remote_command) as fan, \
                 anyio.create_task_group() as tg:
             tg.start_soon(_forward_signals, fan, signals, cancel, interrupted)
@@ -225,7 +227,7 @@ async def _fan_out(options: ExecOptions, targets: list[tuple[str, Address]],
             tg.cancel_scope.cancel()
     progress.erase()
     codes = []
-    for name, _ in targets:
+    for name in names:
         result = results.get(name) or TargetResult(name, failure=TargetFailure.CANCELLED)
         codes.append(result.exit_code)
         write_all(2, _tell(f"{name}: {result.summary}"))
@@ -255,6 +257,8 @@ def fit_descriptors(parallel: int) -> int:
     return min(fits, parallel)
 
 
-def fanout_main(options: ExecOptions, targets: list[tuple[str, Address]], parallel: int) -> int:
+def fanout_main(options: ExecOptions, targets: Sequence[Target], parallel: int) -> int:
+    """Run on every target (addresses as given, or a door's targets), at most ``parallel`` at
+    once; the exit status for all."""
     parallel = fit_descriptors(min(parallel, len(targets)))
     return anyio.run(_fan_out, options, targets, parallel)

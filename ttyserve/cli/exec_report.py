@@ -51,6 +51,7 @@ class ExecOptions(msgspec.Struct, frozen=True):
     grant: str | None = None  # come in with a grant instead of the token
     remote_command: str = DEFAULT_REMOTE_COMMAND  # what a carrier runs on the far side
     target: str = ""  # the address as given, for messages (default: as it parsed)
+    on_target: str | None = None  # the door's target the session runs on (section 15)
     resume: float | None = None  # seconds to come back within after a lost connection
     heartbeat: int | None = None  # seconds between heartbeats (DEFAULT_HEARTBEAT with resume)
 

@@ -1,5 +1,5 @@
-"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share`, `unshare` and
-`kill`. The only place that calls sys.exit."""
+"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share`, `unshare`, `kill`
+and `targets`. The only place that calls sys.exit."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from .terminal import DEFAULT_DETACH_KEY, parse_key
 DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients
 (serve), run a command on such a server as if it ran here (exec), reattach to a
-session that outlived its client (attach), list sessions (sessions), let
-someone watch one (share, unshare), or end one (kill).
+session that outlived its client (attach), list sessions (sessions) or a
+door's targets (targets), let someone watch one (share, unshare), or end one
+(kill).
 `ttyserve COMMAND --help` for details."""
 
 
@@ -110,6 +111,10 @@ def build_parser(command: str | None = None) -> _Parser:
     run.add_argument("--hosts", metavar="FILE",
                      help="more targets, one address per line (blank lines and lines "
                           "starting with # are ignored)")
+    run.add_argument("--target", dest="on", action="append", type=_target, metavar="NAME",
+                     help="run it on this target of the door (serve --targets) that --connect "
+                          "names; a glob ('web-*') or LABEL=VALUE runs it on every target "
+                          "that matches (repeatable)")
     run.add_argument("--parallel", type=_positive, default=DEFAULT_PARALLEL, metavar="N",
                      help=f"with many targets, run on at most N at once "
                           f"(default {DEFAULT_PARALLEL})")
@@ -190,6 +195,14 @@ def build_parser(command: str | None = None) -> _Parser:
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     sessions.add_argument("--limit", type=_non_negative, default=50, metavar="N",
                           help="most recent N sessions (default 50; 0 for all)")
+    targets = commands.add_parser(
+        "targets", help="list the targets of a door that you may open",
+        description="Ask the door (serve --targets) which targets you may open, with their "
+                    "labels and state (connected, idle, unreachable).")
+    targets.usage_exit = ExecExit.FAILURE
+    _connect_arguments(targets)
+    targets.add_argument("--json", action="store_true",
+                         help='one JSON object, {"targets": [...]}, as the door says it')
     return parser
 
 
@@ -212,6 +225,15 @@ def _signal_name(text: str) -> str:
     if name not in SIGNALS:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
     return name
+
+
+def _target(text: str) -> str:
+    from .targets import check
+
+    try:
+        return check(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(text: str) -> int:
@@ -331,6 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _exec(args: argparse.Namespace) -> int:
     from .exec_report import ExecOptions
+    from .targets import one_session
 
     try:
         targets = _targets(args)
@@ -338,13 +361,20 @@ def _exec(args: argparse.Namespace) -> int:
     except (AddressError, ConfigError, OSError) as exc:  # OSError: a cwd that is gone
         sys.stderr.write(f"ttyserve exec: {exc}\n")
         return ExecExit.FAILURE
+    if args.on and len(targets) > 1:
+        sys.stderr.write(f"ttyserve exec: --target runs through one door: give one "
+                         f"--connect, not {len(targets)} addresses\n")
+        return ExecExit.FAILURE
+    # A selector (a glob, LABEL=VALUE) fans out, even to one target; one name is one session.
+    fans_out = not one_session(args.on) if args.on else len(targets) > 1
     remote = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     options = ExecOptions(targets[0][1], remote, args.pty, dict(args.env), args.cwd,
                           args.retries, args.json, token, args.tls_ca,
                           detachable=args.detachable, detach_key=args.detach_key,
                           remote_command=args.remote_command, target=targets[0][0],
-                          resume=args.resume, heartbeat=args.heartbeat)
-    if len(targets) == 1:
+                          resume=args.resume, heartbeat=args.heartbeat,
+                          on_target=args.on[0] if args.on and not fans_out else None)
+    if not fans_out:
         from . import exec_direct
 
         if exec_direct.eligible(options):  # no event loop to import: the fast start
@@ -357,10 +387,19 @@ def _exec(args: argparse.Namespace) -> int:
     for flag, given in (("-t", args.pty), ("--detachable", args.detachable),
                         ("--resume", args.resume)):
         if given:
-            sys.stderr.write(f"ttyserve exec: {flag} works with one target, not "
-                             f"{len(targets)}\n")
+            many = " ".join(f"--target {t}" for t in args.on) if args.on else len(targets)
+            sys.stderr.write(f"ttyserve exec: {flag} works with one target, not {many}\n")
             return ExecExit.FAILURE
-    return fanout_main(options, targets, args.parallel)
+    if not args.on:
+        return fanout_main(options, [text for text, _ in targets], args.parallel)
+    from .exec_report import ExecFailure, Output
+    from .targets import choose
+
+    try:
+        chosen = choose(options, args.on)
+    except ExecFailure as exc:
+        return exc.said(Output(options.json))
+    return fanout_main(options, chosen, args.parallel)
 
 
 def _attach(args: argparse.Namespace) -> int:
@@ -424,6 +463,15 @@ def _sessions(args: argparse.Namespace) -> int:
     return sessions_main(path, args.json, args.limit)
 
 
+def _list_targets(args: argparse.Namespace) -> int:
+    from .targets import targets_main
+
+    reached = _connection(args, "targets")
+    if reached is None:
+        return ExecExit.FAILURE
+    return targets_main(reached[0], reached[1], args.tls_ca, args.json)
+
+
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv``; a usage error exits with its subcommand's code (`exec`: 255)."""
     words = sys.argv[1:] if argv is None else list(argv)
@@ -440,8 +488,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
     handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions,
-                "share": _share, "unshare": _unshare, "kill": _kill}
+                "share": _share, "unshare": _unshare, "kill": _kill, "targets": _list_targets}
     sys.exit(handlers[args.subcommand](args))
 
 
-COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare", "kill")
+COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare", "kill", "targets")

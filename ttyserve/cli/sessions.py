@@ -63,11 +63,11 @@ def sessions_main(path: str, as_json: bool, limit: int) -> int:
             "yes" if start.pty else "no", end.reason if end else "running", _outcome(end),
             _duration(start, end), start.peer, " ".join(start.argv),
         ))
-    _table(rows)
+    table(rows)
     return ServeExit.OK
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> None:
+def table(rows: Sequence[tuple[str, ...]]) -> None:
     """Columns padded to their widest cell; the last one (the command) is not padded."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
@@ -106,9 +106,11 @@ def live_main(address: Address, token: str | None, tls_ca: str | None, as_json: 
         for info in sessions:
             sys.stdout.write(msgspec.json.encode(info).decode() + "\n")
         return 0
-    rows = [("SESSION", "PID", "PTY", "STARTED", "STATE", "WATCHING", "GRANTS", "COMMAND")]
-    rows += [(info.session, str(info.pid), "yes" if info.pty else "no", info.started,
-              _state(info), str(info.observers), _grants(info), shlex.join(info.argv))
+    rows = [("SESSION", "TARGET", "PID", "PTY", "STARTED", "STATE", "WATCHING", "GRANTS",
+             "COMMAND")]
+    rows += [(info.session, info.target or "-", str(info.pid), "yes" if info.pty else "no",
+              info.started, _state(info), str(info.observers), _grants(info),
+              shlex.join(info.argv))
              for info in sessions]
-    _table(rows)
+    table(rows)
     return 0

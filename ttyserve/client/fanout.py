@@ -6,6 +6,8 @@
 
     results = await run_many(["uptime"], targets, parallel=32)
 
+A target is an address, or a `DoorTarget`: a target of a door (protocol section 15), its
+session opened through the door's address, named by the target's name.
 Each target gets an empty stdin (as pdsh). A target that cannot be reached, or whose
 carrier fails, ends with a failure class and never stops the others. Every target's
 events come in order: its output, then one `Finished` with its result.
@@ -88,6 +90,23 @@ class TargetResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DoorTarget:
+    """A target behind a door (`serve --targets`): its session is opened through ``door``,
+    the `open` naming ``name``, which names it in every event too."""
+
+    door: Address
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# One target resolved: its name, the address to connect to, and the door's target it opens
+# (None: the address's own host).
+Resolved = tuple[str, Address, str | None]
+
+
+@dataclass(frozen=True, slots=True)
 class Opened:
     target: str
     pid: int | None
@@ -158,7 +177,7 @@ class _Job:
 class FanOut:
     """The running fan-out: iterate it for events; `signal` reaches every running command."""
 
-    def __init__(self, job: _Job, targets: list[tuple[str, Address]], parallel: int,
+    def __init__(self, job: _Job, targets: list[Resolved], parallel: int,
                  send: MemoryObjectSendStream[Event],
                  receive: MemoryObjectReceiveStream[Event]) -> None:
         self._job = job
@@ -166,7 +185,7 @@ class FanOut:
         self._slots = anyio.Semaphore(parallel)
         self._send = send
         self._receive = receive
-        self.targets = [name for name, _ in targets]  # as given, duplicates dropped
+        self.targets = [name for name, _, _ in targets]  # as given, duplicates dropped
         self.running: dict[str, Session] = {}  # target: its session, while its command runs
 
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -180,22 +199,23 @@ class FanOut:
 
     async def _run(self) -> None:
         async with self._send, anyio.create_task_group() as tg:
-            for name, address in self._targets:
+            for target in self._targets:
                 await self._slots.acquire()
-                tg.start_soon(self._target, name, address)
+                tg.start_soon(self._target, target)
 
-    async def _target(self, name: str, address: Address) -> None:
+    async def _target(self, target: Resolved) -> None:
+        name = target[0]
         try:
-            await self._send.send(Finished(name, await self._attempts(name, address)))
+            await self._send.send(Finished(name, await self._attempts(target)))
         finally:
             self.running.pop(name, None)
             self._slots.release()
 
-    async def _attempts(self, name: str, address: Address) -> TargetResult:
-        job = self._job
+    async def _attempts(self, target: Resolved) -> TargetResult:
+        job, name = self._job, target[0]
         for attempt in range(job.retries + 1):
             try:
-                return await self._try(name, address)
+                return await self._try(target)
             except (TtyserveError, OSError) as exc:  # one target's failure is only its own
                 may_retry, hint = retriable(exc)
                 if not may_retry or attempt == job.retries:
@@ -205,9 +225,10 @@ class FanOut:
                 await anyio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _try(self, name: str, address: Address) -> TargetResult:
+    async def _try(self, target: Resolved) -> TargetResult:
         """One try; raises what may be retried only while nothing has started."""
         job, send = self._job, self._send
+        name, address, on = target
 
         async def carrier_line(line: bytes) -> None:
             await send.send(CarrierLine(name, line))
@@ -218,7 +239,8 @@ class FanOut:
             async with connect(address, token=job.token, tls=job.tls,
                                remote_command=job.remote_command,
                                carrier_stderr=carrier_line) as conn:
-                session = await conn.spawn(job.argv, pty=False, env=job.env, cwd=job.cwd)
+                session = await conn.spawn(job.argv, pty=False, env=job.env, cwd=job.cwd,
+                                           target=on)
                 self.running[name] = session
                 opened = True
                 await send.send(Opened(name, session.pid))
@@ -239,21 +261,30 @@ class FanOut:
         return result
 
 
-def resolve_targets(targets: Sequence[str | Address]) -> list[tuple[str, Address]]:
-    """Each target as given (its name in every event) with its address; the first of
-    duplicates only. Raises AddressError naming one that does not parse."""
-    resolved: dict[str, Address] = {}
+Target = str | Address | DoorTarget
+
+
+def resolve_targets(targets: Sequence[Target]) -> list[Resolved]:
+    """Each target as given (its name in every event) with the address to connect to and the
+    door's target; the first of duplicates only. Raises AddressError naming an address that
+    does not parse."""
+    resolved: dict[str, Resolved] = {}
     for target in targets:
         name = str(target)
-        if name not in resolved:
-            resolved[name] = target if isinstance(target, Address) else parse_address(target)
-    return list(resolved.items())
+        if name in resolved:
+            continue
+        if isinstance(target, DoorTarget):
+            resolved[name] = (name, target.door, target.name)
+        else:
+            address = target if isinstance(target, Address) else parse_address(target)
+            resolved[name] = (name, address, None)
+    return list(resolved.values())
 
 
 @contextlib.asynccontextmanager
 async def fan_out(
     argv: Sequence[str],
-    targets: Sequence[str | Address],
+    targets: Sequence[Target],
     *,
     parallel: int = DEFAULT_PARALLEL,
     env: Mapping[str, str] | None = None,
@@ -281,7 +312,7 @@ async def fan_out(
 
 async def run_many(
     argv: Sequence[str],
-    targets: Sequence[str | Address],
+    targets: Sequence[Target],
     *,
     parallel: int = DEFAULT_PARALLEL,
     env: Mapping[str, str] | None = None,

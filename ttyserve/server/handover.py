@@ -62,6 +62,7 @@ class SessionState(msgspec.Struct, kw_only=True):
     started: str
     argv: list[str]
     pty: bool
+    target: str | None = None  # section 15: the target it ran on (ended: none runs there)
     rows: int
     cols: int
     term: str

@@ -233,6 +233,8 @@ class Server:
                 for handler in list(self.handlers):  # clients that do not read their last
                     handler.outbox.abort()  # frames
                 await self._until_no_handlers()
+                if registry.targets is not None:  # (none of their sessions is left)
+                    await registry.targets.close_all()
                 quiet = await registry.handing_over.until_quiet(timeout)
                 watch.cancel_scope.cancel()
             if self.stopping:

@@ -26,7 +26,8 @@ def session_state(session: ServerSession, dry: bool = False) -> SessionState:
     _, chunks = ring.since(ring.start[FrameKind.STDOUT], ring.start[FrameKind.STDERR])
     return SessionState(
         id=session.id, pid=session.pid, owner=session.owner, peer=session.peer,
-        started=session.started, argv=spec.argv, pty=spec.pty, rows=session.size[0],
+        started=session.started, argv=spec.argv, pty=spec.pty, target=spec.target,
+        rows=session.size[0],
         cols=session.size[1], term=spec.term,
         env=spec.env, cwd=spec.cwd, detached_at=session.detached_at,
         detached_timeout=session.detached_timeout, final=session.life.final,
@@ -47,7 +48,8 @@ def adopted_session(state: SessionState, process: ProcessHandle, start_task: Sta
                     linger: float, kill_leftovers: bool) -> ServerSession:
     """The session `session_state` described, going on in this code with ``process``."""
     spec = ProcessSpec(argv=state.argv, pty=state.pty, rows=state.rows, cols=state.cols,
-                       term=state.term, env=state.env, cwd=state.cwd, name=state.id)
+                       term=state.term, env=state.env, cwd=state.cwd, name=state.id,
+                       target=state.target)
     session = ServerSession(state.id, process, spec, state.peer, start_task, linger=linger,
                   owner=state.owner, scrollback=state.ring.size,
                   detached_timeout=state.detached_timeout, kill_leftovers=kill_leftovers)

@@ -109,8 +109,9 @@ class ServerSession:
     @property
     def outlives_upgrade(self) -> bool:
         """Whether an upgrade in place hands it to the new code: a detachable session of this
-        host (a target's process lives on a carrier connection, which cannot be handed)."""
-        return self.detachable and self.spec.target is None
+        host, or one of a target that has ended (a target's running process lives on a
+        carrier connection, which cannot be handed over)."""
+        return self.detachable and (self.spec.target is None or self.released)
 
     @property
     def final(self) -> Exit | None:

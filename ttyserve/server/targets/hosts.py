@@ -169,6 +169,15 @@ class TargetHosts:
         assert self.task_group is not None, "TargetHosts.running() is not entered"
         self.task_group.start_soon(work, *args)  # type: ignore[arg-type]
 
+    async def close_all(self) -> None:
+        """Close every carrier connection and wait until each carrier is reaped (an upgrade
+        in place: the new code would not know them)."""
+        links = [place.link for place in self.places.values() if place.link is not None]
+        for link in links:
+            link.close()
+        for link in links:
+            await link.ended.wait()
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[TargetHosts]:
         """Where the carrier connections run; on the way out, each is closed."""

@@ -68,6 +68,7 @@ class TargetLink:
         self.welcomed_at_start = False  # whether `welcome` came
         self.failure: Error | None = None  # how it failed before `welcome`
         self.over = False
+        self.ended = anyio.Event()  # its carrier is reaped
         self.last_stderr = ""  # the carrier's last line of stderr
         self._on_over = on_over
         self._scope = anyio.CancelScope()
@@ -79,7 +80,8 @@ class TargetLink:
         try:
             with self._scope:
                 async with run_carrier(target.address, self._stderr, target.remote_command,
-                                       target.persist, carrier_environment()) as carrier:
+                                       target.persist, carrier_environment(),
+                                       new_session=True) as carrier:
                     self.outbox = Outbox(carrier.transport)
                     self.outbox.attach(task_group)
                     self.send(self.core.hello(Hello(
@@ -103,6 +105,7 @@ class TargetLink:
             self._on_over(self)
             for process in processes.values():
                 process.lost()
+            self.ended.set()
 
     def close(self) -> None:
         """End the carrier (its stdin closed: the far side lets go of its sessions)."""

@@ -11,6 +11,8 @@
 // attaches that session with the grant's role, which `welcome` names: an observer's page says
 // "read-only" in its title and sends no keys and no size; a revoked or expired grant turns it
 // to `data-session="revoked"` (or "expired"). A writer's page shows how many watch.
+// With `#target=NAME` (beside the token) the session it opens runs on that target of a door
+// (`serve --targets`, section 15).
 import { Terminal } from "./vendor/xterm.mjs";
 import { FitAddon } from "./vendor/addon-fit.mjs";
 import { Connection } from "./ttyserve.js";
@@ -36,6 +38,7 @@ const fragment = new URLSearchParams(location.hash.slice(1));
 const token = fragment.get("token") ?? undefined;
 const grant = fragment.get("grant") ?? undefined;
 const granted = grant ? fragment.get("session") : null; // the one session a grant may attach
+const target = fragment.get("target") || undefined; // a door's target to open it on
 // How long the session outlives a closed tab: #keep=SECONDS, up to the server's own limit
 // (asked for more, it refuses, and the page asks for that limit: no detached_timeout).
 let keep = /^[1-9][0-9]{0,9}$/.test(fragment.get("keep") ?? "") ? Number(fragment.get("keep"))
@@ -127,7 +130,7 @@ function begin(connection, stored, resolve) {
   const current = stored
     ? connection.attach(stored, { ...size, steal, offsets, role })
     : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true,
-      detachedTimeout: keep });
+      detachedTimeout: keep, target });
   window.ttyserve.session = current;
   const started = (event) => {
     session = current;

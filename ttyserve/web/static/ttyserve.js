@@ -103,9 +103,9 @@ export class Connection extends EventTarget {
   /** Open a session (pipelined: no need to wait for `welcome`). A `detachable` one
    * outlives the connection: its "opened" event carries the id to `attach` with, and
    * `detachedTimeout` (seconds, up to the server's --detached-timeout) is how long it is kept
-   * without a client. */
+   * without a client. `target` runs it on that target of a door (section 15). */
   open({ argv, pty = true, rows, cols, term, env, cwd, detachable = false,
-         detachedTimeout } = {}) {
+         detachedTimeout, target } = {}) {
     const request = { type: "open", pty };
     if (argv) request.argv = argv;
     if (rows) request.rows = rows;
@@ -115,6 +115,7 @@ export class Connection extends EventTarget {
     if (cwd) request.cwd = cwd;
     if (detachable) request.detachable = true;
     if (detachable && detachedTimeout) request.detached_timeout = detachedTimeout;
+    if (target) request.target = target;
     return this._begin(request);
   }
 
