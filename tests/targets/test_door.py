@@ -5,6 +5,7 @@ the `targets` message; and a carrier that dies mid-session."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 from helpers import ServerProcess, zombie_children
 from target_doors import Far, carriers
 
-from ttyserve.client import connect
+from ttyserve.client import Connection, connect
 from ttyserve.errors import ErrorCode, RequestError
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -327,3 +328,60 @@ async def test_an_upgrade_in_place_ends_a_target_session_as_an_undetachable_one(
         assert (ended.exit["code"], ended.exit["signal"]) == (-1, "HUP")
     assert not [pid for each in door.pids() for pid in zombie_children(each)]  # its carriers
     # were ended and reaped before the new code began
+
+
+async def _worker_of(conn: Connection) -> int:
+    """The pid of the worker serving ``conn`` (a session here says its parent)."""
+    probe = await conn.spawn(["sh", "-c", "echo $PPID"], pty=False)
+    said = b"".join([chunk.data async for chunk in probe])
+    await probe.wait()
+    return int(said)
+
+
+@pytest.mark.asyncio
+async def test_targets_says_connected_from_any_worker(
+        start_door: Door, far: FarMaker, workers: int) -> None:
+    web = far("web-1")
+    door = start_door(web.entry())
+    address = door.addresses[0]
+    async with connect(address, multiplex=True) as first:
+        running = await first.spawn(["cat"], pty=False, target="web-1")
+        home = await _worker_of(first)
+        async with contextlib.AsyncExitStack() as stack:
+            other = first
+            for _ in range(20):  # (a connection goes to either worker: until the other one)
+                if workers == 1 or await _worker_of(other) != home:
+                    break
+                other = await stack.enter_async_context(connect(address, multiplex=True))
+            assert workers == 1 or await _worker_of(other) != home
+            assert [(t.name, t.state) for t in await other.list_targets()] == [
+                ("web-1", "connected")]
+        await running.eof()
+        assert (await running.wait()).code == 0
+
+
+@pytest.mark.asyncio
+async def test_a_target_session_is_shared_and_recorded_as_any_other(
+        start_door: Door, far: FarMaker, short_dir: Path) -> None:
+    web = far("web-1")
+    casts = short_dir / "casts"
+    door = start_door(web.entry(), "--record", str(casts))
+    address = door.addresses[0]
+    async with connect(address, multiplex=True) as conn:
+        session = await conn.spawn(["sh", "-c", "echo one; read x; echo two $x; exit 3"],
+                                   pty=True, target="web-1", detachable=True)
+        shared = await conn.share(str(session.id))
+        async with connect(address, grant=shared.grant, multiplex=True) as guest:
+            watcher = await guest.attach(str(session.id), role="observer")
+            await session.send(b"x\r")
+            seen = b"".join([chunk.data async for chunk in watcher])
+            assert b"one" in seen and b"two x" in seen
+            assert (await watcher.wait()).code == 3
+        assert (await session.wait()).code == 3
+    with anyio.fail_after(20):
+        while not (files := list(casts.glob("*.cast"))) or '"x"' not in files[0].read_text():
+            await anyio.sleep(0.05)  # (a file tells nobody it grew)
+    lines = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert files[0].name == f"{session.id}.cast"
+    output = "".join(event[2] for event in lines[1:] if event[1] == "o")
+    assert "one" in output and "two x" in output and lines[-1][1:] == ["x", "3"]

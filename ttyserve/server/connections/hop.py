@@ -48,6 +48,7 @@ from ...protocol.messages import (
     Sessions,
     Shared,
     Skipped,
+    Targets,
     Unshared,
     Window,
 )
@@ -218,7 +219,7 @@ class Hop:
         self._attaching.pop(channel, None)
         return None if self.over and self.core.opening(channel) else route
 
-    async def ask(self, frame: bytes) -> Sessions | Shared | Unshared | Error | None:
+    async def ask(self, frame: bytes) -> Sessions | Shared | Unshared | Targets | Error | None:
         """Send a request on channel 0 and wait for its answer (None: the link ended)."""
         async with self._asking:
             self._answer, self._answered = anyio.Event(), None

@@ -10,12 +10,27 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...errors import ErrorCode, RequestError
-from ...protocol.messages import Error, Exit, Hello, Message, Sessions, Shared, Unshared
+from ...protocol.messages import (
+    CONNECTED,
+    IDLE,
+    UNREACHABLE,
+    Error,
+    Exit,
+    Hello,
+    Message,
+    Sessions,
+    Shared,
+    TargetInfo,
+    Targets,
+    TargetState,
+    Unshared,
+)
 from ...protocol.server import (
     AttachRequested,
     ListRequested,
     ReleaseRequested,
     ShareRequested,
+    TargetsRequested,
     UnshareRequested,
 )
 from ..channels.route import Later
@@ -26,6 +41,11 @@ from .requests import SessionRequests
 
 if TYPE_CHECKING:
     from .handler import ConnectionHandler
+
+
+def _merged(states: set[TargetState]) -> TargetState:
+    """One target's state from what each worker says of it."""
+    return CONNECTED if CONNECTED in states else UNREACHABLE if UNREACHABLE in states else IDLE
 
 
 class WorkerRequests(SessionRequests):
@@ -115,6 +135,28 @@ class WorkerRequests(SessionRequests):
                 if isinstance(answer, Sessions):
                     found += answer.sessions
             handler.core.answer(Sessions(sessions=found))
+        return listing
+
+    def targets_requested(self, handler: ConnectionHandler,
+                          event: TargetsRequested) -> Later | None:
+        """`targets` as every worker sees them: each keeps carrier connections of its own,
+        so a target is connected while any worker's connection to it is up, and unreachable
+        when one's last try failed and none is connected."""
+        hosts = handler.registry.targets
+        if hosts is None:
+            return super().targets_requested(handler, event)
+        here = hosts.listing(functools.partial(handler.gate.may_open, handler.principal))
+
+        async def listing() -> None:
+            states = {target.name: {target.state} for target in here}
+            for slot in self.mesh.others():
+                answer = await self._ask(handler, slot, lambda hop: hop.core.list_targets())
+                if isinstance(answer, Targets):
+                    for target in answer.targets:
+                        states.get(target.name, set()).add(target.state)
+            handler.core.answer(Targets(targets=[
+                TargetInfo(name=target.name, labels=target.labels,
+                           state=_merged(states[target.name])) for target in here]))
         return listing
 
     def share_requested(self, handler: ConnectionHandler, event: ShareRequested) -> Later | None:
