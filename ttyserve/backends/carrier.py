@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from ..exitcodes import ExecExit, ServeExit, signal_name
 from ..lines import LineBuffer, write_all
 from ..transport.background import beside
 from ..transport.streams import PipeTransport, close_gracefully
+from .local import PIPE_SIZE
 from .watch import open_exit_watch
 
 EXIT_GRACE = 5.0  # seconds a carrier has to end once its stdin is closed
@@ -195,7 +197,8 @@ def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int,
 async def run_carrier(address: Address, on_stderr: StderrLine,
                       remote_command: str = DEFAULT_REMOTE_COMMAND,
                       persist: bool = False, env: Mapping[str, str] | None = None,
-                      new_session: bool = False) -> AsyncIterator[Carrier]:
+                      new_session: bool = False, bulk: bool = False,
+                      ) -> AsyncIterator[Carrier]:
     """Start the carrier for ``address`` (with ``env``, else ours; in a session of its own
     with ``new_session``: a server's carrier, which no terminal of ours may signal and
     whose end, if this code is replaced, an orphan reaper may reap); on the way out, end and
@@ -222,6 +225,9 @@ async def run_carrier(address: Address, on_stderr: StderrLine,
                                  f"{exc.strerror or exc}") from exc
     for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
         os.close(fd)  # the child's ends
+    if bulk:  # fewer, larger reads of what the far side sends (a server's carrier)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipes[1][0], fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     stderr_fd = pipes[2][0]
     os.set_blocking(stderr_fd, False)
     carrier = Carrier(address, process, PipeTransport(pipes[1][0], pipes[0][1]), stderr_fd,

@@ -81,7 +81,7 @@ class TargetLink:
             with self._scope:
                 async with run_carrier(target.address, self._stderr, target.remote_command,
                                        target.persist, carrier_environment(),
-                                       new_session=True) as carrier:
+                                       new_session=True, bulk=True) as carrier:
                     self.outbox = Outbox(carrier.transport)
                     self.outbox.attach(task_group)
                     self.send(self.core.hello(Hello(
