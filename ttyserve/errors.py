@@ -17,6 +17,8 @@ ttyserve raises on purpose, in one tree.
     ├── OutOfResources (an OSError) a carrier could not be started: no descriptors,
     │                               processes or memory here (retriable)
     ├── AddressError (a ValueError) an address that does not parse
+    ├── RecordingError (a ValueError) a file that is not an asciicast v3 recording
+    │                               (`recording convert` exits 2)
     ├── ConfigError                 a setting that cannot be used (`serve` exits 3)
     │   ├── UsageError              a bad command-line flag (`serve` exits 2)
     │   └── ListenError             an address that cannot be bound (`serve` exits 3)
@@ -177,6 +179,16 @@ class OutOfResources(TtyserveError, OSError):
 
 class AddressError(TtyserveError, ValueError):
     """An address that does not parse; the message names it."""
+
+
+class RecordingError(TtyserveError, ValueError):
+    """A file that is not an asciicast v3 recording; ``line`` is the number of the line at
+    fault (None: the file as a whole), the message says what is wrong with it."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
 
 
 class ConfigError(TtyserveError):

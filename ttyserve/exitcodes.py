@@ -2,7 +2,8 @@
 
 Wire: 0..255 for a normal exit, ``-S`` for a death by signal S (with its name
 and the core-dump flag), ``-1`` with ``error`` when the status could not be
-learned. CLI: the `ttyserve serve` and `ttyserve exec` tables of contracts.md.
+learned. CLI: the `ttyserve serve` and `ttyserve exec` tables of contracts.md, and
+`recording convert`'s two codes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class ExecExit(enum.IntEnum):
     SIGNAL_BASE = 128  # 128 + S for a remote death by signal S
     INTERRUPTED = 130  # a second SIGINT cancelled the session
     FAILURE = 255  # ttyserve itself failed, or the remote status is unknown
+
+
+class RecordingExit(enum.IntEnum):
+    """Exit codes of `ttyserve recording convert` (contracts.md)."""
+
+    OK = 0  # converted (a cut last line, what a crash leaves, dropped with a warning)
+    NOT_CONVERTED = 2  # bad arguments, FILE not a recording or unreadable, OUT not writable
 
 
 def signal_name(signum: int) -> str:

@@ -5,7 +5,8 @@
 #    source ~/.local/share/bash_completion/ttyserve
 # See also: https://github.com/scop/bash-completion/blob/main/doc/configuration.md
 
-_shtab_ttyserve_subparsers=(serve exec attach share kill unshare sessions targets)
+_shtab_ttyserve_recording_subparsers=(convert)
+_shtab_ttyserve_subparsers=(serve exec attach share kill unshare sessions targets recording)
 
 _shtab_ttyserve_serve_option_strings=(-h --help --config --listen --stdio --persist --token-file --principals --targets --target-idle --target-window --tls-cert --tls-key --insecure --allow-uid --command --allow-command --allow-env --allow-origin --max-connections --max-sessions --max-sessions-per-connection --handshake-timeout --max-frame --stdin-window --max-argv-bytes --max-env-bytes --max-cwd-bytes --linger --shutdown-timeout --journal --scrollback --detached-timeout --keep-ended --max-observers --max-share-ttl --record --record-input --cgroup --log-format --leftovers --session-memory-max --session-pids-max --session-cpu-max --upgrade-drain --workers --spawn)
 _shtab_ttyserve_exec_option_strings=(-h --help --connect --remote-command --token-file --tls-ca --resume --heartbeat --detach-key --via --hosts --target --parallel --detachable -t -T --env --cwd --retries --json)
@@ -15,11 +16,15 @@ _shtab_ttyserve_kill_option_strings=(-h --help --connect --token-file --tls-ca -
 _shtab_ttyserve_unshare_option_strings=(-h --help --connect --token-file --tls-ca)
 _shtab_ttyserve_sessions_option_strings=(-h --help --live --connect --token-file --tls-ca --journal --json --limit)
 _shtab_ttyserve_targets_option_strings=(-h --help --connect --token-file --tls-ca --json)
+_shtab_ttyserve_recording_convert_option_strings=(-h --help --to -o --output)
+_shtab_ttyserve_recording_option_strings=(-h --help)
 _shtab_ttyserve_option_strings=(-h --help --version)
 
 
 
-_shtab_ttyserve_pos_0_choices=(serve exec attach share kill unshare sessions targets)
+_shtab_ttyserve_recording_convert___to_choices=(v2)
+_shtab_ttyserve_recording_pos_0_choices=(convert)
+_shtab_ttyserve_pos_0_choices=(serve exec attach share kill unshare sessions targets recording)
 
 _shtab_ttyserve_serve__h_nargs=0
 _shtab_ttyserve_serve___help_nargs=0
@@ -54,6 +59,11 @@ _shtab_ttyserve_sessions___json_nargs=0
 _shtab_ttyserve_targets__h_nargs=0
 _shtab_ttyserve_targets___help_nargs=0
 _shtab_ttyserve_targets___json_nargs=0
+_shtab_ttyserve_recording_convert__h_nargs=0
+_shtab_ttyserve_recording_convert___help_nargs=0
+_shtab_ttyserve_recording_pos_0_nargs=A...
+_shtab_ttyserve_recording__h_nargs=0
+_shtab_ttyserve_recording___help_nargs=0
 _shtab_ttyserve_pos_0_nargs=A...
 _shtab_ttyserve__h_nargs=0
 _shtab_ttyserve___help_nargs=0

@@ -385,3 +385,27 @@ async def test_a_target_session_is_shared_and_recorded_as_any_other(
     assert files[0].name == f"{session.id}.cast"
     output = "".join(event[2] for event in lines[1:] if event[1] == "o")
     assert "one" in output and "two x" in output and lines[-1][1:] == ["x", "3"]
+
+
+@pytest.mark.asyncio
+async def test_the_terminal_state_reaches_through_the_door(
+        start_door: Door, far: FarMaker) -> None:
+    from ttyserve.protocol.messages import Modes
+
+    web = far("web-1")
+    door = start_door(web.entry())
+    script = "stty -echo; printf 'Password: '; read x; stty echo; echo; echo got:$x"
+    async with connect(door.addresses[0], multiplex=True) as conn:
+        session = await conn.spawn(["sh", "-c", script], target="web-1", modes=True)
+        seen: list[bytes | Modes] = []
+        with anyio.fail_after(20):
+            while b"Password: " not in b"".join(e for e in seen if isinstance(e, bytes)):
+                event = await session.next_event()
+                assert event is not None
+                seen.append(event if isinstance(event, Modes) else event.data)
+        assert isinstance(seen[0], Modes) and seen[0].input == "echoed"
+        hidden = [i for i, e in enumerate(seen) if isinstance(e, Modes) and e.input == "hidden"]
+        prompt = next(i for i, e in enumerate(seen) if isinstance(e, bytes) and b"Pass" in e)
+        assert hidden and hidden[0] < prompt  # told before the prompt, through the door
+        await session.send(b"hunter2\r")
+        assert (await session.wait()).code == 0

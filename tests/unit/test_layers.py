@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ttyserve"
 
 # Bottom first; a module may import its own layer and those below it, never one above.
 LAYERS = [
-    {"version", "errors", "defaults", "runtime", "lines", "addresses", "credentials", "ids"},
+    {"version", "errors", "defaults", "runtime", "lines", "addresses", "credentials", "ids",
+     "asciicast"},
     {"protocol"},
     {"exitcodes"},
     {"transport"},

@@ -21,7 +21,7 @@ from ..client.connection import Connection
 from ..client.session import Session
 from ..errors import ConnectionLost, RemoteProtocolError, SessionDetached
 from ..protocol.frames import FrameKind
-from ..protocol.messages import STOLEN, Exit, Offsets, Skipped, members
+from ..protocol.messages import STOLEN, Exit, Modes, Offsets, Skipped, members
 from ..transport.streams import Buffer
 from ..web.exchange import Exchange
 from .types import AttachedEvent, ExitEvent, OutputEvent, SkippedEvent
@@ -33,7 +33,7 @@ _STREAMS = {FrameKind.STDOUT: "stdout", FrameKind.STDERR: "stderr"}
 
 # What comes for a channel, in order: output, a skip, or how the channel ended (its exit,
 # `detached`, or what ended the connection).
-Item = tuple[int, FrameKind | None, Buffer | Skipped | Exit | Exception]
+Item = tuple[int, FrameKind | None, Buffer | Skipped | Modes | Exit | Exception]
 
 
 class StreamReader:
@@ -50,6 +50,9 @@ class StreamReader:
 
     def skipped(self, channel: int, size: int, offsets: Offsets) -> None:
         self._put((channel, None, Skipped(bytes=size, offsets=offsets)))
+
+    def modes(self, channel: int, modes: Modes) -> None:
+        self._put((channel, None, modes))
 
     def end(self, channel: int, last: Exit | Exception) -> None:
         self._put((channel, None, last))
@@ -119,7 +122,7 @@ async def stream_output(exchange: Exchange, conn: Connection, session: Session,
             if channel != session.channel:  # (a channel this stream gave up)
                 continue
             if kind is not None:
-                assert not isinstance(item, (Skipped, Exit, Exception))
+                assert not isinstance(item, (Skipped, Modes, Exit, Exception))
                 stream = _STREAMS[kind]
                 offset = getattr(held, stream)
                 setattr(held, stream, offset + len(item))
@@ -130,6 +133,8 @@ async def stream_output(exchange: Exchange, conn: Connection, session: Session,
                 assert item.offsets is not None
                 held.stdout, held.stderr = item.offsets.stdout, item.offsets.stderr
                 await send(SkippedEvent(bytes=item.bytes, offsets=item.offsets))
+            elif isinstance(item, Modes):
+                await send(item)  # (section 14: `?modes=true`)
             elif isinstance(item, Exit):
                 break
             elif isinstance(item, SessionDetached) and item.reason == STOLEN:

@@ -235,19 +235,22 @@ class HttpApi:
         offsets = _offsets(exchange)
         hello = _hello(exchange)
         reader = StreamReader()
+        modes = exchange.query.get("modes") == "true"  # section 14: `modes` objects too
         async with connection(exchange, hello, reader=reader) as conn:
             try:  # the first stream is the session's attachment; the others observe
-                session = await conn.attach(session_id, offsets=offsets, role=STREAM)
+                session = await conn.attach(session_id, offsets=offsets, role=STREAM,
+                                            modes=modes)
             except RequestError as exc:
                 if exc.code not in (ErrorCode.SESSION_IN_USE, ErrorCode.FORBIDDEN):
                     raise  # (forbidden: an observer grant may only watch)
-                session = await conn.attach(session_id, offsets=offsets, role=OBSERVER)
+                session = await conn.attach(session_id, offsets=offsets, role=OBSERVER,
+                                            modes=modes)
 
             async def again(held: Offsets) -> Session:
                 """The writer role back, once the client that stole it (the CLI, the page, a
                 DELETE) let go: the server answers the attach then (`wait`)."""
                 return await conn.attach(session_id, offsets=held, role=STREAM,
-                                         wait=HANDBACK_WAIT)
+                                         wait=HANDBACK_WAIT, modes=modes)
 
             await stream_output(exchange, conn, session, reader, again)
 

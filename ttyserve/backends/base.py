@@ -149,6 +149,11 @@ class ProcessHandle(Protocol):
         before `aclose`."""
         ...
 
+    def terminal_flags(self) -> tuple[bool, bool] | None:
+        """A PTY's ECHO and ICANON flags now, as the program set them (section 14); None for
+        pipes, or once they cannot be read. Raises nothing."""
+        ...
+
     def send_signal(self, signum: int) -> None:
         """PTY: to the terminal's foreground process group; pipe: to the process group.
 
@@ -325,6 +330,9 @@ class StreamSource:
 class Uncontained:
     """The containment and hand-over members of a `ProcessHandle` whose backend has no
     cgroups and cannot hand its processes to new code (a remote host, a test double)."""
+
+    def terminal_flags(self) -> tuple[bool, bool] | None:
+        return None  # (a process whose terminal cannot be read here)
 
     cgroup_path: str | None = None
     leftovers: int | None = None

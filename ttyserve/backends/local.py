@@ -270,6 +270,9 @@ class LocalProcess:
     def resize(self, rows: int, cols: int) -> None:
         return None
 
+    def terminal_flags(self) -> tuple[bool, bool] | None:
+        return None  # (pipes: no terminal)
+
     def write_nowait(self, data: bytes | memoryview) -> int:
         fd = self._stdin_fd
         if fd is None:
@@ -437,6 +440,14 @@ class PtyProcess(LocalProcess):
 
     def resize(self, rows: int, cols: int) -> None:
         set_window_size(self._master, rows, cols)
+
+    def terminal_flags(self) -> tuple[bool, bool] | None:
+        """Read from the master: on Linux it answers for the terminal's line discipline."""
+        try:
+            flags = termios.tcgetattr(self._master)[3]
+        except (OSError, termios.error):
+            return None
+        return bool(flags & termios.ECHO), bool(flags & termios.ICANON)
 
     def send_signal(self, signum: int) -> None:
         try:

@@ -1,5 +1,5 @@
-"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share`, `unshare`, `kill`
-and `targets`. The only place that calls sys.exit."""
+"""Command line: `ttyserve serve`, `exec`, `attach`, `sessions`, `share`, `unshare`, `kill`,
+`targets` and `recording`. The only place that calls sys.exit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..defaults import (
     MAX_HEARTBEAT,
 )
 from ..errors import AddressError, ConfigError, UsageError
-from ..exitcodes import ExecExit, ServeExit
+from ..exitcodes import ExecExit, RecordingExit, ServeExit
 from ..version import __version__
 from .terminal import DEFAULT_DETACH_KEY, parse_key
 
@@ -26,8 +26,8 @@ DESCRIPTION = """\
 Run processes on this host under a PTY or pipes and serve them to remote clients
 (serve), run a command on such a server as if it ran here (exec), reattach to a
 session that outlived its client (attach), list sessions (sessions) or a
-door's targets (targets), let someone watch one (share, unshare), or end one
-(kill).
+door's targets (targets), let someone watch one (share, unshare), end one
+(kill), or convert a recording for older players (recording).
 `ttyserve COMMAND --help` for details."""
 
 
@@ -203,7 +203,33 @@ def build_parser(command: str | None = None) -> _Parser:
     _connect_arguments(targets)
     targets.add_argument("--json", action="store_true",
                          help='one JSON object, {"targets": [...]}, as the door says it')
+    _recording_arguments(commands.add_parser(
+        "recording", help="convert a recording (serve --record) for older players"))
     return parser
+
+
+def _recording_arguments(recording: _Parser) -> None:
+    """`recording convert`: the one thing done to a recording after the fact."""
+    recording.usage_exit = RecordingExit.NOT_CONVERTED
+    verbs = recording.add_subparsers(dest="verb", required=True, parser_class=_Parser,
+                                     title="commands", metavar="COMMAND",
+                                     help="what to do with a recording")
+    recording.subcommands = verbs.choices
+    convert = verbs.add_parser(
+        "convert", help="a recording as asciicast v2, for asciinema 2.x",
+        description="Write a recording of serve --record (asciicast v3) as asciicast v2, "
+                    "which the asciinema 2.x that distributions ship plays (it refuses "
+                    "v3): times since the start instead of intervals, the header's terminal "
+                    "as width, height and env.TERM, the exit as a last marker 'exit CODE'. "
+                    "Exit 0, or 2 with a line naming what is wrong (FILE not a recording, "
+                    "OUT not writable); OUT is then left as it was.")
+    convert.usage_exit = RecordingExit.NOT_CONVERTED
+    convert.add_argument("--to", required=True, choices=["v2"],
+                         help="the format to write: v2 (asciicast v2)")
+    convert.add_argument("-o", "--output", metavar="OUT",
+                         help="write it to OUT, replaced only once all is converted "
+                              "(default: stdout)")
+    convert.add_argument("file", metavar="FILE", help="the recording (DIR/ID.cast)")
 
 
 def _connect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -472,6 +498,12 @@ def _list_targets(args: argparse.Namespace) -> int:
     return targets_main(reached[0], reached[1], args.tls_ca, args.json)
 
 
+def _recording(args: argparse.Namespace) -> int:
+    from .recording import convert_main
+
+    return convert_main(args.file, args.output)
+
+
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv``; a usage error exits with its subcommand's code (`exec`: 255)."""
     words = sys.argv[1:] if argv is None else list(argv)
@@ -481,15 +513,20 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if extras:
         # argparse leaves a subcommand's unknown flags to the top-level parser, which
         # would exit 2: the subcommand reports them, with its own usage and exit code.
-        parser.subcommands[args.subcommand].error(f"unrecognized arguments: {' '.join(extras)}")
+        command_parser = parser.subcommands[args.subcommand]
+        if verb := getattr(args, "verb", None):  # `recording convert`: its own usage
+            command_parser = command_parser.subcommands[verb]
+        command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_arguments(argv)
     handlers = {"serve": _serve, "exec": _exec, "attach": _attach, "sessions": _sessions,
-                "share": _share, "unshare": _unshare, "kill": _kill, "targets": _list_targets}
+                "share": _share, "unshare": _unshare, "kill": _kill, "targets": _list_targets,
+                "recording": _recording}
     sys.exit(handlers[args.subcommand](args))
 
 
-COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare", "kill", "targets")
+COMMANDS = ("serve", "exec", "attach", "sessions", "share", "unshare", "kill", "targets",
+            "recording")

@@ -143,12 +143,12 @@ class Connection:
         detached_timeout: int | None = None,
         idempotency_key: str | None = None,
         target: str | None = None,
+        modes: bool = False,
     ) -> Session:
         """Open a session and wait for `opened`. Raises RequestError if refused.
-
-        ``target``: run it on that target of the server (section 15).
-
-        A ``detachable`` session outlives this connection: `session.id` names it for
+        ``target``: run it on that target of the server (section 15). ``modes``: the
+        terminal's state comes as `modes` events (section 14; `next_event`). A
+        ``detachable`` session outlives this connection: `session.id` names it for
         `attach`, and it keeps a scrollback of its output meanwhile (section 9).
 
         With ``resume`` (seconds) the session is detachable, the server hangs it up once
@@ -167,29 +167,28 @@ class Connection:
         request = Open(argv=list(argv or []), pty=pty, rows=rows, cols=cols, term=term,
                        env=dict(env or {}), cwd=cwd, detachable=detachable,
                        detached_timeout=detached_timeout, idempotency_key=idempotency_key,
-                       target=target)
+                       target=target, modes=modes)
         return await self._begin(request, pty, resume)
 
     async def attach(self, session_id: str, *, steal: bool = False, rows: int | None = None,
                      cols: int | None = None, offsets: Offsets | None = None,
                      resume: float | None = None, role: AttachRole = WRITER,
-                     wait: float | None = None) -> Session:
+                     wait: float | None = None, modes: bool = False) -> Session:
         """Take over a detachable session: its scrollback comes first, then live output, then
         its exit (even if it ended while detached). With ``rows`` and ``cols`` its terminal
         is resized first; with ``offsets`` (the bytes already held, per stream) the output
-        begins there, and `session.offsets` says where it really began. ``resume``: as in
-        `spawn`. Raises RequestError: no_such_session, bad_request (an offset beyond the
-        output), or session_in_use (attached elsewhere; ``steal`` takes it over, and the
-        other client's channel ends; ``wait``: after waiting up to that many seconds for
-        it to let go).
-
-        ``role="observer"`` watches instead (section 11): the same output, but nothing it
-        sends reaches the process, it never conflicts with the writer, and when it falls
-        a scrollback behind the server skips it forward (`session.skipped` counts it).
-        Raises RequestError busy when the session has its maximum of observers."""
+        begins there (`session.offsets` says where). ``resume``, ``modes``: as in `spawn`.
+        Raises RequestError: no_such_session, bad_request (an offset beyond the output),
+        or session_in_use (attached elsewhere; ``steal`` takes it over, and the other
+        client's channel ends; ``wait``: after waiting up to that many seconds for it to
+        let go). ``role="observer"`` watches instead
+        (section 11): the same output, but nothing it sends reaches the process, it never
+        conflicts with the writer, and when it falls a scrollback behind the server skips
+        it forward (`session.skipped` counts it). Raises RequestError busy when the session
+        has its maximum of observers."""
         return await self._begin(Attach(session=session_id, rows=rows, cols=cols,
                                         steal=steal, offsets=offsets, role=role,
-                                        wait=wait), None, resume)
+                                        wait=wait, modes=modes), None, resume)
 
     async def release(self, session_id: str) -> None:
         """Forget an ended session of this principal now, its exit read (`release`)."""
@@ -242,7 +241,8 @@ class Connection:
         channel = next(self._channels)
         frame = link.core.open(channel, request)
         session = Session(self, channel, windowed=self.window is not None, resume=resume,
-                          pty=pty, role=request.role if isinstance(request, Attach) else WRITER)
+                          pty=pty, role=request.role if isinstance(request, Attach) else WRITER,
+                          modes=request.modes)
         self._sessions[channel] = session
         try:
             await self._write(link, frame)

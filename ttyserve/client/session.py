@@ -11,7 +11,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -50,6 +50,7 @@ from ..protocol.messages import (
     Error,
     Exit,
     Message,
+    Modes,
     Offsets,
     Opened,
     Resize,
@@ -58,6 +59,9 @@ from ..protocol.messages import (
     Skipped,
     request_error,
 )
+
+if TYPE_CHECKING:
+    from .link import Link
 
 SESSION_QUEUE = 64  # output chunks buffered per session before the reader waits
 
@@ -103,38 +107,7 @@ SessionEvent = (
     OpenedReceived | AttachedReceived | OpenRefused | OutputReceived | ExitReceived
     | DetachedReceived | ErrorReceived | StdinCreditGranted | ConnectionEnded | NoticeReceived
 )
-_Item = OutputChunk | Skipped | Exit | Detached | Error
-
-
-class Link(Protocol):
-    """What a session asks of its connection: frames on the session's channel (which a
-    resume changes)."""
-
-    def stdin_limit(self, session: Session) -> int:
-        """The most the next STDIN frame may carry; 0 to wait for credit, for a resume, or
-        because the channel has ended."""
-        ...
-
-    def live(self, session: Session) -> bool:
-        """Whether the channel has not ended on either side (a resuming session is live)."""
-        ...
-
-    async def send_stdin(self, session: Session, data: bytes) -> bool:
-        """Send one STDIN frame (within `stdin_limit`); False when it was not sent because the
-        link changed meanwhile. Raises ConnectionLost (or what ended the connection)."""
-        ...
-
-    async def send_control(self, session: Session, message: Message) -> None:
-        """Send `resize`, `signal`, `eof` or `detach` on the channel."""
-        ...
-
-    async def cancel(self, session: Session) -> None:
-        """End the channel here (`cancel`): nothing more is delivered for it."""
-        ...
-
-    async def consumed(self, session: Session, size: int) -> None:
-        """The application took ``size`` bytes of output: grant them back when due."""
-        ...
+_Item = OutputChunk | Skipped | Modes | Exit | Detached | Error
 
 
 class Session:
@@ -142,7 +115,7 @@ class Session:
 
     def __init__(self, link: Link, channel: int, *, windowed: bool,
                  resume: float | None = None, pty: bool | None = None,
-                 role: AttachRole = WRITER) -> None:
+                 role: AttachRole = WRITER, modes: bool = False) -> None:
         self._link = link
         self.channel = channel  # on the connection's current link
         self.resume = resume  # seconds it may take to come back after a lost connection
@@ -166,6 +139,8 @@ class Session:
         # `attached` confirms it)
         self.observers = 0  # for the writer: how many watch now (`audience`)
         self.skipped = 0  # for an observer: output the server skipped it past (it fell behind)
+        self.modes: Modes | None = None  # the terminal's state, as last taken (section 14)
+        self._asked_modes = modes  # (asked again by a resume's attach)
         self.status: Exit | None = None
         self.detached: Detached | None = None  # the channel ended, the session goes on
         self.errors: list[Error] = []  # refusals of control messages (e.g. bad_request)
@@ -227,7 +202,7 @@ class Session:
         assert self.id is not None
         self.channel = channel
         return Attach(session=self.id, steal=self.role == WRITER, offsets=self.offsets,
-                      role=self.role)
+                      role=self.role, modes=self._asked_modes)
 
     def resumed(self, attached: Attached, now: float) -> Resumed:
         """It is attached again (before the `attached` is fed): what the ring no longer held
@@ -336,13 +311,13 @@ class Session:
         SessionDetached once the channel ended with the session going on (a `detach`,
         or another client that attached with steal).
         """
-        while isinstance(event := await self.next_event(), Skipped):
+        while isinstance(event := await self.next_event(), Skipped | Modes):
             pass
         return event
 
-    async def next_event(self) -> OutputChunk | Skipped | None:
-        """As `receive`, and an observer's `skipped` notices (section 11) in their place
-        between the chunks."""
+    async def next_event(self) -> OutputChunk | Skipped | Modes | None:
+        """As `receive`, and an observer's `skipped` notices (section 11) and the terminal's
+        `modes` (section 14, `modes` holds the last) in their place between the chunks."""
         while True:
             if self.status is not None:
                 return None
@@ -365,7 +340,8 @@ class Session:
                     with contextlib.suppress(ConnectionLost, RemoteProtocolError):  # told later
                         await self._link.consumed(self, size)
                 return item
-            if isinstance(item, Skipped):
+            if isinstance(item, Skipped | Modes):
+                self.modes = item if isinstance(item, Modes) else self.modes
                 return item
             if isinstance(item, Exit):
                 self.status = item
@@ -415,7 +391,7 @@ class Session:
             self._attached(event.attached)
         elif isinstance(event, NoticeReceived):
             self._notice(event.notice)
-            if isinstance(event.notice, Skipped):
+            if isinstance(event.notice, Skipped | Modes):
                 await self._queue(event.notice)  # for `next_event`, in its place
         elif isinstance(event, OpenRefused):
             self._refused(event.error)
@@ -456,10 +432,12 @@ class Session:
             self.role = attached.role or WRITER
         self._answered.set()
 
-    def _notice(self, notice: Skipped | Audience) -> None:
+    def _notice(self, notice: Skipped | Audience | Modes) -> None:
         if isinstance(notice, Audience):
             self.observers = notice.observers
             return
+        if isinstance(notice, Modes):
+            return  # (taken in its place, by `next_event`)
         self.skipped += notice.bytes  # skipped: the streams go on that much later
         if notice.offsets is not None:
             self.offsets = Offsets(stdout=notice.offsets.stdout, stderr=notice.offsets.stderr)

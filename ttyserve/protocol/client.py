@@ -36,6 +36,7 @@ from .messages import (
     List,
     ListTargets,
     Message,
+    Modes,
     Open,
     Opened,
     Ping,
@@ -95,11 +96,11 @@ class AnswerReceived(msgspec.Struct, frozen=True):
 
 
 class NoticeReceived(msgspec.Struct, frozen=True):
-    """Section 11's news on a live channel: `skipped` (an observer fell behind) or
-    `audience` (to the writer: how many watch)."""
+    """News on a live channel: section 11's `skipped` (an observer fell behind) or
+    `audience` (to the writer: how many watch), section 14's `modes`."""
 
     channel: int
-    notice: Skipped | Audience
+    notice: Skipped | Audience | Modes
 
 
 class OpenRefused(msgspec.Struct, frozen=True):
@@ -361,7 +362,7 @@ class ClientConnection:
             if record.stdin is not None:
                 record.stdin.add(message.bytes)
             return StdinCreditGranted(channel, message.bytes)
-        if isinstance(message, Skipped | Audience):
+        if isinstance(message, Skipped | Audience | Modes):
             if record.state is not ChannelState.OPEN:
                 raise RemoteProtocolError(f"{msg_type!r} on channel {channel} before 'attached'")
             return NoticeReceived(channel, message)

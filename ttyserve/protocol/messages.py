@@ -71,6 +71,7 @@ class Open(Message, tag="open"):
     # session_in_use naming it.
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     target: TargetName | None = None  # section 15: run it on this target of the server
+    modes: bool = False  # section 14: send `modes` on this channel (PTY sessions)
 
 
 class Offsets(msgspec.Struct, kw_only=True):
@@ -95,6 +96,7 @@ class Attach(Message, tag="attach"):
     # another writer waits up to this many seconds for it to let go, then attaches (or
     # session_in_use), instead of session_in_use at once.
     wait: Annotated[float, msgspec.Meta(ge=0, le=HTTP_MAX_WAIT)] | None = None
+    modes: bool = False  # section 14: send `modes` on this channel (PTY sessions)
 
 
 class Release(Message, tag="release"):
@@ -226,6 +228,23 @@ class Audience(Message, tag="audience"):
     observers: int
 
 
+InputVerdict = Literal["echoed", "application", "hidden"]
+ECHOED: InputVerdict = "echoed"  # ECHO on: the terminal shows what is typed
+APPLICATION: InputVerdict = "application"  # ECHO and ICANON off: the program draws keys
+HIDDEN: InputVerdict = "hidden"  # ECHO off, ICANON on: a line read unseen (a password)
+
+
+class Modes(Message, tag="modes"):
+    """Section 14: the terminal's state, on a channel that asked for it; it holds from
+    STDOUT ``offset`` on."""
+
+    echo: bool
+    canonical: bool
+    alt_screen: bool
+    input: InputVerdict
+    offset: Offset
+
+
 class Shared(Message, tag="shared"):
     """The answer to `share`: the grant (a bearer secret), and its public id for records."""
 
@@ -312,7 +331,7 @@ class Error(Message, tag="error"):
 ClientMessage = (Hello | Open | Attach | Detach | List | Resize | Signal | Eof | Cancel | Window
                  | Release | Ping | Pong | Share | Unshare | ListTargets)
 ServerMessage = (Welcome | Opened | Attached | Detached | Sessions | Exit | Error | Window
-                 | Ping | Pong | Skipped | Audience | Shared | Unshared | Targets)
+                 | Ping | Pong | Skipped | Audience | Shared | Unshared | Targets | Modes)
 
 
 def _vocabulary(*classes: type[Message]) -> dict[str, type[Message]]:
@@ -324,7 +343,7 @@ CLIENT_MESSAGES: dict[str, type[Message]] = _vocabulary(
     Share, Unshare, ListTargets)
 SERVER_MESSAGES: dict[str, type[Message]] = _vocabulary(
     Welcome, Opened, Attached, Detached, Sessions, Exit, Error, Window, Ping, Pong, Skipped,
-    Audience, Shared, Unshared, Targets)
+    Audience, Shared, Unshared, Targets, Modes)
 
 _encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()

@@ -44,6 +44,7 @@ from .messages import (
     List,
     ListTargets,
     Message,
+    Modes,
     Offsets,
     Open,
     Opened,
@@ -557,10 +558,19 @@ class ServerConnection:
         """Tell the writer how many observers watch now."""
         return self._frame_live(channel, Audience(observers=observers))
 
-    def _frame_live(self, channel: int, message: Message) -> bool:
+    def send_modes(self, channel: int, modes: Modes) -> bool:
+        """Tell a channel that asked the terminal's state (section 14), before the output it
+        covers; False once the channel has ended."""
+        return self._frame_live(channel, modes)
+
+    def is_open(self, channel: int) -> bool:
+        """Whether ``channel`` is open (answered, not ended) on a connection not closing."""
         record = self.channels.live.get(channel)
-        if (self.stage is Stage.CLOSING or record is None
-                or record.state is not ChannelState.OPEN):
+        return (self.stage is not Stage.CLOSING and record is not None
+                and record.state is ChannelState.OPEN)
+
+    def _frame_live(self, channel: int, message: Message) -> bool:
+        if not self.is_open(channel):
             return False
         self._frame_control(channel, message)
         return True

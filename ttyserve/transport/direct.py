@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..protocol.frames import FrameKind
-from ..protocol.messages import Offsets
+from ..protocol.messages import Modes, Offsets
 from .streams import Buffer
 
 
@@ -25,4 +25,8 @@ class OutputReader(Protocol):
 
     def skipped(self, channel: int, size: int, offsets: Offsets) -> None:
         """An observer's channel skipped ``size`` bytes: it goes on at ``offsets``."""
+        ...
+
+    def modes(self, channel: int, modes: Modes) -> None:
+        """The terminal's state (section 14), in order with the output."""
         ...

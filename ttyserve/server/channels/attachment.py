@@ -25,6 +25,7 @@ from ...protocol.messages import (
     Eof,
     Exit,
     Message,
+    Modes,
     Offsets,
 )
 from ...transport.streams import Buffer
@@ -104,6 +105,10 @@ class ChannelHost(Protocol):
         """Tell the writer how many observers watch now (section 11)."""
         ...
 
+    def send_modes(self, channel: int, modes: Modes) -> None:
+        """Tell the channel the terminal's state (section 14), before the output it covers."""
+        ...
+
     def end_channel(self, route: Route, last: Exit | str | None) -> bool:
         """The channel's last frame: `exit` with ``last``, or `detached` (with ``last`` as
         its reason); the connection forgets the route. False when it had ended."""
@@ -127,7 +132,7 @@ class SessionChannel:
     """What every channel attached to a session is: its connection (``host``), its id, the
     session, the grant it came through; a writer's (`Attachment`) or an observer's."""
 
-    __slots__ = ("channel", "grant", "host", "released", "session")
+    __slots__ = ("channel", "grant", "host", "released", "session", "wants_modes")
     role: AttachRole
 
     def __init__(self, host: ChannelHost, channel: int, session: ServerSession,
@@ -137,6 +142,7 @@ class SessionChannel:
         self.session = session
         self.grant = grant  # the public id of the grant it came through, if it did
         self.released = False  # the channel ended, or the session let go of it
+        self.wants_modes = False  # it asked for the terminal's state (section 14)
 
     @property
     def peer(self) -> str:
@@ -149,6 +155,20 @@ class SessionChannel:
     def release(self, reason: str | None = None) -> None:
         """The session goes on without this channel: its last frame is `detached`."""
         raise NotImplementedError
+
+    def modes(self, message: Modes) -> None:
+        """The terminal's state changed: told if the channel asked (section 14)."""
+        if self.wants_modes and not self.released:
+            self.host.send_modes(self.channel, message)
+
+    def watch_modes(self, offset: int) -> None:
+        """The channel asked for the terminal's state: the state now, holding from STDOUT
+        ``offset``, goes before any output of it (a pipe session has none to tell)."""
+        session = self.session
+        if (terminal := session.watch_terminal()) is not None:
+            terminal.look(offset, session.sink, *session.observers)  # (news to the others)
+            self.wants_modes = True
+            self.host.send_modes(self.channel, terminal.message(offset))
 
     def stdin_consumed(self, size: int) -> None:
         """The process took ``size`` bytes of this channel's input (its credit back)."""
@@ -215,7 +235,8 @@ class Attachment(SessionChannel):
 
     @classmethod
     def attach(cls, host: ChannelHost, channel: int, session: ServerSession,
-               offsets: Offsets | None = None, grant: str | None = None) -> Attachment:
+               offsets: Offsets | None = None, grant: str | None = None,
+               modes: bool = False) -> Attachment:
         """Take over a detachable session: in one step, with no await, take its ring from
         ``offsets`` on (the bytes the client holds; the registry checked them), frame
         `attached` and become its sink; the replay starts at once. A client that holds
@@ -234,6 +255,8 @@ class Attachment(SessionChannel):
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
             prologue=session.prologue() if fresh else None, role=cls.role))
+        if modes:
+            attachment.watch_modes(ring.end[FrameKind.STDOUT])
         session.attach(attachment)
         if session.observers:
             attachment.audience(len(session.observers))

@@ -50,7 +50,8 @@ class Observer(SessionChannel):
 
     @classmethod
     def attach(cls, host: ChannelHost, channel: int, session: ServerSession,
-               offsets: Offsets | None = None, grant: str | None = None) -> Observer:
+               offsets: Offsets | None = None, grant: str | None = None,
+               modes: bool = False) -> Observer:
         """Watch a detachable session, in one step with no await as a writer's attach: its
         ring from ``offsets`` on is the backlog, `attached` is framed, live output is added
         behind it. A client that holds nothing of it gets the prologue; where the ring no
@@ -69,6 +70,8 @@ class Observer(SessionChannel):
             session=session.id, pid=session.pid, pty=session.spec.pty, dropped=ring.dropped,
             offsets=Offsets(stdout=begins[FrameKind.STDOUT], stderr=begins[FrameKind.STDERR]),
             prologue=session.prologue() if fresh else None, role=cls.role))
+        if modes:
+            observer.watch_modes(ring.end[FrameKind.STDOUT])
         session.add_observer(observer)
         if begins[FrameKind.STDOUT] > held.stdout and session.spec.pty:
             session.redraw(unless_within=REDRAW_INTERVAL)  # (observers coming and going

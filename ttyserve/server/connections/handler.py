@@ -26,7 +26,7 @@ import anyio.abc
 from ...defaults import CLOSE_TIMEOUT, OUTPUT_CHUNK
 from ...errors import RemoteProtocolError, RequestError
 from ...protocol.frames import FrameKind
-from ...protocol.messages import Attached, Exit, Offsets
+from ...protocol.messages import Attached, Exit, Modes, Offsets
 from ...protocol.server import (
     AttachRequested,
     CancelRequested,
@@ -231,6 +231,9 @@ class ConnectionHandler:
     def send_audience(self, channel: int, observers: int) -> None:
         if self.core.send_audience(channel, observers):
             self.flush()
+
+    def send_modes(self, channel: int, modes: Modes) -> None:
+        self.output.modes(channel, modes)
 
     def stdin_consumed(self, channel: int, size: int, soon: bool = False) -> None:
         self.core.stdin_consumed(channel, size)

@@ -45,6 +45,7 @@ from ...protocol.messages import (
     Exit,
     Hello,
     Message,
+    Modes,
     Sessions,
     Shared,
     Skipped,
@@ -308,6 +309,8 @@ class Hop:
             host.send_skipped(event.channel, notice.bytes, notice.offsets)
         elif isinstance(notice, Audience):
             host.send_audience(event.channel, notice.observers)
+        elif isinstance(notice, Modes):
+            host.send_modes(event.channel, notice)
 
     def _answered_now(self, event: SessionsReceived | AnswerReceived) -> None:
         self._answered = (event.sessions if isinstance(event, SessionsReceived)

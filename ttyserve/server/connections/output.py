@@ -13,7 +13,7 @@ import anyio
 
 from ...defaults import SOON_BYTES
 from ...protocol.frames import FrameKind
-from ...protocol.messages import Offsets
+from ...protocol.messages import Modes, Offsets
 from ...protocol.server import ServerConnection
 from ...transport.direct import OutputReader
 from ...transport.outbox import Outbox
@@ -80,6 +80,10 @@ class FramedOutput:
     def skipped(self, channel: int, size: int, offsets: Offsets) -> None:
         self._core.send_skipped(channel, size, offsets)
 
+    def modes(self, channel: int, modes: Modes) -> None:
+        """Framed behind the output framed before it (held or not), ahead of what follows."""
+        self._core.send_modes(channel, modes)
+
     @property
     def splices(self) -> bool:
         return self._outbox.splices
@@ -122,6 +126,10 @@ class DirectOutput:
 
     def skipped(self, channel: int, size: int, offsets: Offsets) -> None:
         self._reader.skipped(channel, size, offsets)
+
+    def modes(self, channel: int, modes: Modes) -> None:
+        if self._core.is_open(channel):
+            self._reader.modes(channel, modes)
 
     def splice(self, channel: int, kind: FrameKind, pipe: int, size: int) -> None:
         raise AssertionError("output read in this process is never spliced")

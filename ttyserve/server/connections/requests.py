@@ -124,7 +124,7 @@ class SessionRequests:
             return True
         if session is None:
             return False
-        self._opened(handler, event.channel, session)
+        self._opened(handler, event.channel, session, event.request.modes)
         return True
 
     async def _open(self, handler: ConnectionHandler, event: OpenRequested) -> None:
@@ -134,10 +134,12 @@ class SessionRequests:
         except RequestError as exc:
             handler.core.refuse(event.channel, exc)
             return
-        self._opened(handler, event.channel, session)
+        self._opened(handler, event.channel, session, event.request.modes)
 
-    def _opened(self, handler: ConnectionHandler, channel: int, session: ServerSession) -> None:
-        """`opened`, and the session runs, attached to ``channel``."""
+    def _opened(self, handler: ConnectionHandler, channel: int, session: ServerSession,
+                modes: bool) -> None:
+        """`opened` (then the terminal's state, if ``modes`` asks), and the session runs,
+        attached to ``channel``."""
         attachment = Attachment(handler, channel, session)
         handler.routes[channel] = attachment
         session.attach(attachment)
@@ -149,6 +151,8 @@ class SessionRequests:
             handler.routes.pop(channel, None)  # the connection closed meanwhile
             attachment.released = True
             session.cancel()
+        elif modes:
+            attachment.watch_modes(session.bytes_out)
 
     def attach_requested(self, handler: ConnectionHandler,
                          event: AttachRequested, patient: bool = True) -> Later | None:
@@ -172,13 +176,13 @@ class SessionRequests:
         grant = handler.grant.id if handler.grant is not None else None
         if request.role in (OBSERVER, INPUT):  # its size is not the terminal's
             (Observer if request.role == OBSERVER else InputChannel).attach(
-                handler, channel, session, request.offsets, grant)
+                handler, channel, session, request.offsets, grant, request.modes)
         else:
             if session.final is None and (request.rows or request.cols):
                 rows, cols = session.size
                 session.resize(request.rows or rows, request.cols or cols)
             (Attachment if request.role == WRITER else StreamAttachment).attach(
-                handler, channel, session, request.offsets, grant)
+                handler, channel, session, request.offsets, grant, request.modes)
         handler.registry.ends.note_soon(session, SessionAttach, str(handler.peer),
                                    role=request.role, grant=grant)
         return None

@@ -71,6 +71,8 @@ def start_recording(session: ServerSession, directory: str, with_input: bool,
         return
     recording = Recording(fd, path, with_input)
     session.taps.append(recording)
+    if with_input:  # (input read unseen is never recorded: section 14)
+        session.watch_terminal()
     task_group.start_soon(recording.run)
 
 
@@ -80,6 +82,9 @@ async def finish_recording(session: ServerSession) -> None:
     for tap in session.taps:
         if isinstance(tap, Recording):
             await tap.aclose(session.process.status)
+
+
+HIDDEN_MARKER = "input hidden"  # the marker of a run of input read unseen (section 14)
 
 
 class Recording:
@@ -101,6 +106,7 @@ class Recording:
         self._flusher = anyio.CancelScope()
         self._ended = False  # after the exit event, or once the file failed: no more events
         self._failed = False
+        self._hidden_run: int | None = None  # the run of unseen input last marked
 
     # --- the session's tap ---------------------------------------------
 
@@ -108,8 +114,17 @@ class Recording:
         if text := self._output.decode(data):
             self._event("o", text)
 
-    def typed(self, data: bytes) -> None:
-        if self._input is not None and (text := self._input.decode(data)):
+    def typed(self, data: bytes, hidden_run: int | None) -> None:
+        """Input (with --record-input): what is read unseen never, one marker a run in its
+        place (section 14)."""
+        if self._input is None:
+            return
+        if hidden_run is not None:
+            if hidden_run != self._hidden_run:
+                self._hidden_run = hidden_run
+                self._event("m", HIDDEN_MARKER)
+            return
+        if text := self._input.decode(data):
             self._event("i", text)
 
     def resized(self, rows: int, cols: int) -> None:

@@ -36,6 +36,7 @@ from .scrollback import Scrollback
 from .sinks import LOST, Sink, Tap
 from .stdin import StartTask, StdinQueue
 from .streams import SessionStreams
+from .terminal_state import TerminalState
 from .typing_first import Typing
 
 if TYPE_CHECKING:  # (a channel that watches: above the session)
@@ -53,7 +54,8 @@ class ServerSession:
         "_sink_gone", "_start_task", "_typed_at", "bytes_in", "bytes_out", "delivered_at",
         "detached_at", "detached_timeout", "fault", "feeder", "id", "key", "life", "modes",
         "observers", "on_delivered", "on_forget", "owner", "peer", "process", "released",
-        "ring", "sink", "size", "spec", "started", "stdin", "streams", "taps", "typing",
+        "ring", "sink", "size", "spec", "started", "stdin", "streams", "taps", "terminal",
+        "typing",
     )
 
     def __init__(self, session_id: str, process: ProcessHandle, spec: ProcessSpec,
@@ -74,6 +76,7 @@ class ServerSession:
         self.ring = Scrollback(scrollback) if scrollback is not None else None
         # ...and a PTY's, the terminal modes its output set (for `attached.prologue`).
         self.modes = TerminalModes() if self.ring is not None and spec.pty else None
+        self.terminal: TerminalState | None = None  # section 14, once a channel asks
         self.detached_at: float | None = None  # when it was last left without a sink
         self.detached_timeout = detached_timeout  # seconds it may stay so (section 10)
         self.life = Life()  # its phase, status, exit and end reason (life.py)
@@ -220,13 +223,23 @@ class ServerSession:
             self.process.kill()
 
     def feed_stdin(self, data: bytes) -> int:
-        """Input for the process: the bytes it took now (the rest is queued)."""
+        """Input for the process: the bytes it took now (the rest is queued). The terminal's
+        state is read first: a recording must know whether it is read unseen."""
         self.bytes_in += len(data)
         if self.typing is not None and self.spec.pty:
             self._typed_at = self.typing.typed()
+        hidden_run = None
+        if (terminal := self.terminal) is not None:
+            hidden_run = terminal.look(self.bytes_out, self.sink, *self.observers)
         for tap in self.taps:
-            tap.typed(data)
+            tap.typed(data, hidden_run)
         return self.stdin.feed(data)
+
+    def watch_terminal(self) -> TerminalState | None:
+        """The terminal's state, watched from now on (section 14); None for pipes."""
+        if self.terminal is None and self.spec.pty:
+            self.terminal = TerminalState(self.process.terminal_flags, self.modes)
+        return self.terminal
 
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
@@ -269,11 +282,15 @@ class ServerSession:
     def deliver(self, kind: FrameKind, data: bytes) -> bool:
         """Output to the ring, the taps, the observers and the sink; whether the sink takes
         more (the writer's alone: observers never hold the process back)."""
+        offset = self.bytes_out
         self.bytes_out += len(data)
         if self.ring is not None:
             self.ring.append(kind, data)
             if self.modes is not None:
                 self.modes.feed(data)
+        if (terminal := self.terminal) is not None:  # a change: told before the output
+            terminal.output(data)
+            terminal.look(offset, self.sink, *self.observers)
         for tap in self.taps:
             tap.output(kind, data)
         sink = self.sink

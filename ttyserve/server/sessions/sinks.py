@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ...protocol.frames import FrameKind
-from ...protocol.messages import AttachRole, Exit
+from ...protocol.messages import AttachRole, Exit, Modes
 from ..handover import RecordingState
 
 # The exit of a session that ended with no status of its own for a client still attached.
@@ -39,6 +39,10 @@ class Sink(Protocol):
 
     def splice_output(self, kind: FrameKind, pipe: int, size: int) -> bool:
         """`send_output` of the next ``size`` bytes of ``pipe`` (they leave it either way)."""
+        ...
+
+    def modes(self, message: Modes) -> None:
+        """The terminal's state changed (section 14): told if the channel asked."""
         ...
 
     def send_exit(self, status: Exit) -> bool:
@@ -75,7 +79,10 @@ class Tap(Protocol):
 
     def output(self, kind: FrameKind, data: bytes) -> None: ...
 
-    def typed(self, data: bytes) -> None: ...
+    def typed(self, data: bytes, hidden_run: int | None) -> None:
+        """Input written to the process; ``hidden_run``: which run of input read unseen it
+        belongs to (section 14), None when it is seen."""
+        ...
 
     def resized(self, rows: int, cols: int) -> None: ...
 

@@ -28,6 +28,7 @@ from ...protocol.client import (
     DetachedReceived,
     ErrorReceived,
     ExitReceived,
+    NoticeReceived,
     OpenedReceived,
     OpenRefused,
     OutputReceived,
@@ -35,7 +36,7 @@ from ...protocol.client import (
     StdinCreditGranted,
     WelcomeReceived,
 )
-from ...protocol.messages import Attach, Error, Exit, Hello, Open
+from ...protocol.messages import Attach, Error, Exit, Hello, Modes, Open
 from ...transport.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -184,4 +185,6 @@ _TO_PROCESS: dict[type, Callable[[RemoteProcess, Any], None]] = {
     OpenRefused: lambda process, event: process.refused(event.error),
     ExitReceived: lambda process, event: process.exited(event.exit),
     DetachedReceived: _detached,
+    NoticeReceived: lambda process, event: (
+        process.modes(event.notice) if isinstance(event.notice, Modes) else None),
 }

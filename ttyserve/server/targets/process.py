@@ -30,6 +30,7 @@ from ...protocol.messages import (
     Eof,
     Error,
     Exit,
+    Modes,
     Offsets,
     Open,
     Opened,
@@ -130,6 +131,11 @@ class RemoteProcess(Uncontained):
         self._size = (spec.rows, spec.cols)
         self._eof_pending = False
         self.ended = False  # the exit came, or it was given up
+        # Section 14: the far terminal's flags, as of the output taken, and the changes the
+        # far side told that hold from output not taken yet (offset, flags).
+        self._flags: tuple[bool, bool] | None = None
+        self._flag_changes: collections.deque[tuple[int, tuple[bool, bool]]] = (
+            collections.deque())
 
     # --- the session adapter's side ----------------------------------------------------
 
@@ -138,7 +144,8 @@ class RemoteProcess(Uncontained):
         side's refusal), SpawnError for a spawn the far side could not make."""
         spec = self.spec
         request = Open(argv=spec.argv, pty=spec.pty, rows=spec.rows, cols=spec.cols,
-                       term=spec.term, env=spec.env, cwd=spec.cwd, detachable=spec.detachable)
+                       term=spec.term, env=spec.env, cwd=spec.cwd, detachable=spec.detachable,
+                       modes=spec.pty)
         while True:
             link = await self.place.connect()
             if await self._ask(link, request):
@@ -213,6 +220,14 @@ class RemoteProcess(Uncontained):
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None
 
+    def terminal_flags(self) -> tuple[bool, bool] | None:
+        """The far terminal's flags as of the output the session took (all it was told, once
+        none is left to take: a change with no output after it)."""
+        changes, taken = self._flag_changes, self.offsets[FrameKind.STDOUT] - self.stdout.size
+        while changes and (changes[0][0] < taken or not self.stdout.size):
+            self._flags = changes.popleft()[1]
+        return self._flags
+
     async def wait(self) -> Exit:
         await self._done.wait()
         assert self.status is not None
@@ -266,6 +281,10 @@ class RemoteProcess(Uncontained):
     def credit(self) -> None:
         self._wake()
 
+    def modes(self, modes: Modes) -> None:
+        """The far side told its terminal's state, holding from its STDOUT ``offset``."""
+        self._flag_changes.append((modes.offset, (modes.echo, modes.canonical)))
+
     def lost(self) -> None:
         """The carrier connection ended under the session: resumed over a new one where its
         far side is detachable, else ended."""
@@ -309,7 +328,8 @@ class RemoteProcess(Uncontained):
             rows, cols = self._size
             request = Attach(session=self.far_session, rows=rows, cols=cols, steal=True,
                              offsets=Offsets(stdout=self.offsets[FrameKind.STDOUT],
-                                             stderr=self.offsets[FrameKind.STDERR]))
+                                             stderr=self.offsets[FrameKind.STDERR]),
+                             modes=self.spec.pty)
             if await self._ask(link, request):
                 if self._eof_pending:
                     self._eof_pending = not self._control(Eof())
