@@ -84,8 +84,9 @@ def main() -> None:
                 f"{name} {values[0][-1]:.3g} / {values[1][-1]:.3g}"
                 for name, values in results.items()), flush=True)
         for name, (a, b) in results.items():
-            print(f"{name:14} A {median(a):8.3g}  B {median(b):8.3g}  B/A "
-                  f"{median([y / x for x, y in zip(a, b, strict=True)]):.2f}")
+            ratios = [y / x for x, y in zip(a, b, strict=True) if x]  # (a CPU time under a
+            shown = f"{median(ratios):.2f}" if ratios else "n/a"  # clock tick reads 0)
+            print(f"{name:14} A {median(a):8.3g}  B {median(b):8.3g}  B/A {shown}")
     finally:
         for server in servers:
             server.send_signal(signal.SIGINT)

@@ -38,6 +38,7 @@ from .systems import (
     System,
     TtyserveHttpSystem,
     TtyserveLibSystem,
+    TtyserveModesSystem,
     TtyserveNoCgroupSystem,
     TtyserveObservedSystem,
     TtyserveOneWorkerSystem,
@@ -109,6 +110,7 @@ def make_systems(names: list[str], workdir: str) -> list[System]:
         "ttyserve-unobserved": TtyserveUnobservedSystem,
         "ttyserve-stalled": TtyserveStalledSystem,
         "ttyserve-door": DoorSystem, "ttyserve-carrier": CarrierSystem,
+        "ttyserve-modes": TtyserveModesSystem,
     }
     return [factories[name](workdir) for name in names]
 

@@ -765,6 +765,14 @@ class TtyserveStalledSystem(TtyserveObservedSystem):
     stall = True
 
 
+class TtyserveModesSystem(TtyserveLibSystem):
+    """The library's sessions that ask for the terminal's state (section 14): the server
+    reads the PTY's flags after every read of output and before every write of input."""
+
+    name = "ttyserve-modes"
+    spawn_options: dict[str, Any] = {"modes": True}  # noqa: RUF012
+
+
 RESUME_WINDOW = 60  # seconds: `spawn(resume=...)` of the resume system
 
 

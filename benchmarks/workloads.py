@@ -533,7 +533,8 @@ ALL_SYSTEMS = (*PEERS, HTTP, "ttyserve-resume",  # (compared only with ttyserve-
                "raw-cgroup", "ttyserve-nocg",  # (containment's cost: with raw and ttyserve)
                "ttyserve-unobserved", "ttyserve-observed",  # (observers' cost: each other)
                "ttyserve-stalled",
-               "ttyserve-door", "ttyserve-carrier")  # (the door's cost: each other)
+               "ttyserve-door", "ttyserve-carrier",  # (the door's cost: each other)
+               "ttyserve-modes")  # (section 14's cost: beside ttyserve-lib)
 
 WORKLOADS = [
     Workload(
@@ -706,6 +707,16 @@ WORKLOADS.append(Workload(
     [Target("mbps", ">=", 0.8, "ttyserve-unobserved", system="ttyserve-stalled")],
     ("ttyserve-unobserved", "ttyserve-observed", "ttyserve-stalled"), measure_observed))
 
+
+
+WORKLOADS.append(Workload(
+    "modes", "The terminal's state (section 14): coloured PTY output and echo, sessions that "
+             "ask for `modes` against the same sessions that do not",
+    [Metric("mbps", "MB/s", True), Metric("p50_us", "echo p50 us"),
+     Metric("p99_us", "echo p99 us")],
+    [Target("mbps", ">=", 0.9, "ttyserve-lib", system="ttyserve-modes"),
+     Target("p50_us", "<=", 1.1, "ttyserve-lib", system="ttyserve-modes")],
+    ("ttyserve-lib", "ttyserve-modes"), measure_tracking, prepare=make_colored_file))
 
 
 def measure_door(system: System, ctx: Context) -> dict[str, float]:
