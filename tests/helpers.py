@@ -541,3 +541,12 @@ def start_warm_server(directory: Path, monkeypatch: Any, idle: float = 120
         assert process.stdout is not None
         process.stdout.close()
         assert killed or not os.path.exists(path), "the warm server left its socket behind"
+
+
+async def worker_of(conn: Connection) -> int:
+    """The pid of the worker (or the one server process) serving ``conn``: a session run on
+    this host says its parent."""
+    probe = await conn.spawn(["sh", "-c", "echo $PPID"], pty=False)
+    said = b"".join([chunk.data async for chunk in probe])
+    await probe.wait()
+    return int(said)

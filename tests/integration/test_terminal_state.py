@@ -16,9 +16,9 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import ServerProcess, start_server, token_file
+from helpers import ServerProcess, start_server, token_file, worker_of
 
-from ttyserve.client import Connection, connect
+from ttyserve.client import connect
 from ttyserve.protocol.messages import Modes
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("workers")]
@@ -151,13 +151,6 @@ async def test_a_change_with_no_output_after_it_is_told_at_the_next_input(
         assert b"".join(e for e in after if isinstance(e, bytes)).startswith(b"got:x")
 
 
-async def _worker_of(conn: Connection) -> int:
-    probe = await conn.spawn(["sh", "-c", "echo $PPID"], pty=False)
-    said = b"".join([chunk.data async for chunk in probe])
-    await probe.wait()
-    return int(said)
-
-
 @pytest.mark.asyncio
 async def test_attach_and_observe_get_the_state_now_across_workers_and_websockets(
         server: ServerProcess, workers: int) -> None:
@@ -166,17 +159,17 @@ async def test_attach_and_observe_get_the_state_now_across_workers_and_websocket
             session = await conn.spawn(["sh", "-c", "stty -echo; echo ready; read x; echo $x"],
                                        modes=True, detachable=True)
             await events_until(session, b"ready")
-            home = await _worker_of(conn)
+            home = await worker_of(conn)
             await session.detach()
         async with contextlib.AsyncExitStack() as stack:
             other = await stack.enter_async_context(connect(address, token=TOKEN,
                                                             multiplex=True))
             for _ in range(20):  # (with two workers: one that is not the session's)
-                if workers == 1 or await _worker_of(other) != home:
+                if workers == 1 or await worker_of(other) != home:
                     break
                 other = await stack.enter_async_context(connect(address, token=TOKEN,
                                                                 multiplex=True))
-            assert workers == 1 or await _worker_of(other) != home  # across the hop
+            assert workers == 1 or await worker_of(other) != home  # across the hop
             watcher = await other.attach(str(session.id), role="observer", modes=True)
             writer = await other.attach(str(session.id), modes=True, offsets=session.offsets)
             for attached in (watcher, writer):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import ServerProcess, zombie_children
+from helpers import ServerProcess, worker_of, zombie_children
 from target_doors import Far, carriers
 
-from ttyserve.client import Connection, connect
+from ttyserve.client import connect
 from ttyserve.errors import ErrorCode, RequestError
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -330,14 +330,6 @@ async def test_an_upgrade_in_place_ends_a_target_session_as_an_undetachable_one(
     # were ended and reaped before the new code began
 
 
-async def _worker_of(conn: Connection) -> int:
-    """The pid of the worker serving ``conn`` (a session here says its parent)."""
-    probe = await conn.spawn(["sh", "-c", "echo $PPID"], pty=False)
-    said = b"".join([chunk.data async for chunk in probe])
-    await probe.wait()
-    return int(said)
-
-
 @pytest.mark.asyncio
 async def test_targets_says_connected_from_any_worker(
         start_door: Door, far: FarMaker, workers: int) -> None:
@@ -346,14 +338,14 @@ async def test_targets_says_connected_from_any_worker(
     address = door.addresses[0]
     async with connect(address, multiplex=True) as first:
         running = await first.spawn(["cat"], pty=False, target="web-1")
-        home = await _worker_of(first)
+        home = await worker_of(first)
         async with contextlib.AsyncExitStack() as stack:
             other = first
             for _ in range(20):  # (a connection goes to either worker: until the other one)
-                if workers == 1 or await _worker_of(other) != home:
+                if workers == 1 or await worker_of(other) != home:
                     break
                 other = await stack.enter_async_context(connect(address, multiplex=True))
-            assert workers == 1 or await _worker_of(other) != home
+            assert workers == 1 or await worker_of(other) != home
             assert [(t.name, t.state) for t in await other.list_targets()] == [
                 ("web-1", "connected")]
         await running.eof()

@@ -16,6 +16,7 @@ import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -24,6 +25,7 @@ from ..errors import ConfigError
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a principal's or a target's name
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+Shape = TypeVar("Shape", bound=msgspec.Struct)
 
 
 class _Entry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -100,20 +102,26 @@ class Principals:
         return found
 
 
-def load_principals(path: str) -> Principals:
-    """Read the principals file at ``path``; ConfigError naming the file and what is wrong."""
-    where = f"principals file {path}"
+def read_toml(where: str, path: str, shape: type[Shape]) -> Shape:
+    """The TOML file at ``path`` as ``shape`` (unknown keys refused); ConfigError saying
+    ``where`` and what is wrong (a table declared twice is TOML's own error)."""
     try:
         with open(path, "rb") as file:
             data = tomllib.load(file)
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:  # (a principal declared twice, for one)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     try:
-        parsed = msgspec.convert(data, _File, strict=True)
+        return msgspec.convert(data, shape, strict=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+def load_principals(path: str) -> Principals:
+    """Read the principals file at ``path``; ConfigError naming the file and what is wrong."""
+    where = f"principals file {path}"
+    parsed = read_toml(where, path, _File)
     found: list[Principal] = []
     owners: dict[bytes, str] = {}
     for name, entry in parsed.principals.items():

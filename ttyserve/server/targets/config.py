@@ -7,7 +7,6 @@ in it is wrong.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -16,7 +15,7 @@ import msgspec
 from ...addresses import CARRIER_SCHEMES, Address, parse_address
 from ...defaults import DEFAULT_REMOTE_COMMAND
 from ...errors import AddressError, ConfigError
-from ..principals import NAME
+from ..principals import NAME, read_toml
 
 LABEL = NAME  # a label's name: as a target's
 
@@ -63,17 +62,7 @@ class TargetsFile:
 def load_targets(path: str) -> TargetsFile:
     """Read the targets file at ``path``; ConfigError naming the file and what is wrong."""
     where = f"targets file {path}"
-    try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
-    except OSError as exc:
-        raise ConfigError(f"{where}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:  # (a target declared twice, for one)
-        raise ConfigError(f"{where}: {exc}") from exc
-    try:
-        parsed = msgspec.convert(data, _File, strict=True)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    parsed = read_toml(where, path, _File)
     found = []
     for name, entry in parsed.targets.items():
         if not NAME.fullmatch(name):
