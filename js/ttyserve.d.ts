@@ -54,6 +54,8 @@ export interface OpenOptions {
   detachedTimeout?: number;
   /** Run it on this target of a door (`serve --targets`, protocol section 15). */
   target?: string;
+  /** Tell the terminal's state: "modes" events (a PTY session; protocol section 14). */
+  modes?: boolean;
 }
 
 export interface AttachOptions {
@@ -63,6 +65,8 @@ export interface AttachOptions {
   /** The bytes already held per stream: the output goes on from there. */
   offsets?: Offsets;
   role?: Role;
+  /** Tell the terminal's state: "modes" events (protocol section 14). */
+  modes?: boolean;
 }
 
 export interface Welcome {
@@ -117,6 +121,22 @@ export interface Detached {
   reason?: "stolen" | "revoked" | "expired" | string;
 }
 
+/** The terminal's state (protocol section 14): once before any output, then at each change,
+ * in its place between the output. */
+export interface Modes {
+  type: "modes";
+  /** The terminal's ECHO flag, as the program set it. */
+  echo: boolean;
+  /** The terminal's ICANON flag. */
+  canonical: boolean;
+  /** The program's output is on the alternate screen. */
+  alt_screen: boolean;
+  /** The verdict for a frontend: `hidden` is a secret being typed (never show it). */
+  input: "echoed" | "application" | "hidden";
+  /** The STDOUT offset from which this state holds. */
+  offset: number;
+}
+
 export interface Output {
   stream: "stdout" | "stderr";
   data: Uint8Array;
@@ -126,6 +146,8 @@ export interface ConnectionEventMap {
   welcome: CustomEvent<Welcome>;
   error: CustomEvent<ErrorMessage>;
   close: CustomEvent<{ code: number; reason: string; clean: boolean }>;
+  /** A ping's answer: the round trip in ms. */
+  pong: CustomEvent<{ ms: number }>;
 }
 
 export interface SessionEventMap {
@@ -139,6 +161,7 @@ export interface SessionEventMap {
   lost: Event;
   audience: CustomEvent<{ type: "audience"; observers: number }>;
   skipped: CustomEvent<{ type: "skipped"; bytes: number; offsets?: Offsets }>;
+  modes: CustomEvent<Modes>;
 }
 
 /** A connection to a ttyserve server over a WebSocket. */
@@ -151,12 +174,16 @@ export declare class Connection extends EventTarget {
   readonly socket: WebSocket;
   readonly sessions: Map<number, Session>;
   readonly maxFrame: number;
+  /** When the last ping was sent (performance.now()), or null. */
+  lastPing: number | null;
   /** Open a session (pipelined: no need to wait for `welcome`). */
   open(options?: OpenOptions): Session;
   /** Take over a detachable session, or watch it (`role: "observer"`). */
   attach(session: string, options?: AttachOptions): Session;
   /** An ended session's exit was read: the server may forget it now. */
   release(session: string): void;
+  /** Sends a ping; its answer is a "pong" event with the round trip. */
+  ping(): void;
   close(): void;
   addEventListener<K extends keyof ConnectionEventMap>(
     type: K, listener: (event: ConnectionEventMap[K]) => void,
@@ -179,6 +206,8 @@ export declare class Session extends EventTarget {
   bytesConsumed: number;
   /** Per stream, the output received since the session started (what `attach` takes). */
   offsets: Offsets;
+  /** The last "modes" message, for a session opened or attached with `modes: true`. */
+  modes: Modes | null;
   /** Bytes for the process's stdin, or keys for its terminal. */
   send(bytes: Uint8Array): void;
   resize(rows: number, cols: number): void;

@@ -1,6 +1,8 @@
 // Checked by tsc (npm test), never run: the declarations describe how a frontend uses the
 // module, and a wrong use is a type error.
-import { Connection, decodeFrames, encodeFrame, Kind, type Exit } from "../ttyserve.js";
+import {
+  Connection, decodeFrames, encodeFrame, Kind, type Exit, type Modes,
+} from "../ttyserve.js";
 
 const connection = new Connection("ws://127.0.0.1:7681/ws", { token: "t", window: 1 << 18 });
 const session = connection.open({ pty: true, rows: 24, cols: 80, detachable: true,
@@ -21,3 +23,15 @@ const kind: number = frames[0].kind;
 void kind;
 // @ts-expect-error: a signal the protocol does not have
 session.signal("BOGUS");
+const watched = connection.open({ pty: true, modes: true });
+watched.addEventListener("modes", (event) => {
+  const hidden: boolean = event.detail.input === "hidden";
+  const alt: boolean = event.detail.alt_screen;
+  void [hidden, alt, watched.modes?.offset];
+});
+connection.addEventListener("pong", (event) => { const ms: number = event.detail.ms; void ms; });
+connection.ping();
+connection.attach("id", { modes: true, role: "observer" });
+// @ts-expect-error: a verdict the protocol does not have
+const wrong: Modes["input"] = "shown";
+void wrong;

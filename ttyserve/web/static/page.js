@@ -13,9 +13,15 @@
 // to `data-session="revoked"` (or "expired"). A writer's page shows how many watch.
 // With `#target=NAME` (beside the token) the session it opens runs on that target of a door
 // (`serve --targets`, section 15).
+// Keys are echoed before the server does it (section 14, predict.js) only where that cannot show
+// a secret: the session is asked for its `modes`, and `#predict=always|never|auto` (default
+// auto: once the round trip exceeds 30 ms) sets the latency rule. `<body data-predict>` and
+// `data-input` follow the predictor; while the input is hidden (a password prompt) a status in
+// the corner says so.
 import { Terminal } from "./vendor/xterm.mjs";
 import { FitAddon } from "./vendor/addon-fit.mjs";
 import { Connection } from "./ttyserve.js";
+import { Predictor } from "./predict.js";
 
 const WINDOW = 256 * 1024; // output in flight: what xterm.js may still have to render
 const RETRIES = [250, 500, 1000, 2000, 4000]; // ms before each reattach try
@@ -23,10 +29,17 @@ const STORED = "ttyserve.session"; // sessionStorage: this tab's session, across
 const HEARTBEAT = 5; // seconds: a silent link is given up after three
 const KEY_QUEUE = 64 * 1024; // bytes of keys kept while no session takes them
 const KEEP = 900; // seconds a closed tab's shell is kept for a reload (section 8; #keep=)
+// ms between round-trip samples while keys are typed: a ping when a key comes and the last
+// ping is older. (A ping's pong measures the connection alone, never confused with output;
+// an echo's delay would need each echo matched to its key, which is the predictor's guess,
+// and a hidden prompt gives none. Idle, the heartbeat's pings go on sampling.)
+const SAMPLE_EVERY = 2000;
 const encoder = new TextEncoder();
 const body = document.body;
 
-const term = new Terminal({ cursorBlink: true, scrollback: 10000, convertEol: false });
+// (allowProposedApi: the predictor draws with decorations, still proposed in xterm.js 6.)
+const term = new Terminal({ cursorBlink: true, scrollback: 10000, convertEol: false,
+  allowProposedApi: true });
 window.term = term;
 const fit = new FitAddon();
 term.loadAddon(fit);
@@ -43,6 +56,16 @@ const target = fragment.get("target") || undefined; // a door's target to open i
 // (asked for more, it refuses, and the page asks for that limit: no detached_timeout).
 let keep = /^[1-9][0-9]{0,9}$/.test(fragment.get("keep") ?? "") ? Number(fragment.get("keep"))
   : KEEP;
+const predictMode = ["always", "never", "auto"].includes(fragment.get("predict"))
+  ? fragment.get("predict") : "auto";
+const predictor = new Predictor(term, { mode: predictMode, element: body });
+Object.assign(body.dataset, predictor.state); // off, unknown: until the first `modes`
+const status = document.getElementById("status");
+predictor.addEventListener("change", (event) => {
+  status.textContent = event.detail.input === "hidden" ? "input hidden" : "";
+});
+/** No session, or another one: nothing is known of its terminal (predictions taken back). */
+const unknown = () => predictor.modes({});
 const scheme = location.protocol === "https:" ? "wss:" : "ws:";
 const url = `${scheme}//${location.host}/ws`;
 let command = "ttyserve";
@@ -53,7 +76,7 @@ let queuedBytes = 0;
 let role = grant ? "observer" : "writer"; // as `welcome` names it, for a grant: no key
 // is queued for a grant's page before it knows it may type
 let watching = 0; // observers of our session (its writer is told)
-window.ttyserve = { connection: null, session: null, queued }; // for embedders and tests
+window.ttyserve = { connection: null, session: null, queued, predictor }; // for embedders, tests
 
 function type(bytes) {
   if (role === "observer") return; // its keys would reach nothing: none are sent
@@ -95,7 +118,8 @@ function connect(stored) {
       token, grant, window: WINDOW, client: "ttyserve-page", multiplex: true,
       heartbeat: HEARTBEAT,
     });
-    window.ttyserve = { connection, session: null, queued };
+    window.ttyserve = { connection, session: null, queued, predictor };
+    connection.addEventListener("pong", (event) => predictor.roundTrip(event.detail.ms));
     // (A promise resolves once: a session's own end, told before this, comes first.)
     connection.addEventListener("close", () => resolve("lost"));
     if (!grant) {
@@ -128,9 +152,9 @@ function begin(connection, stored, resolve) {
   // Our own tab takes its session back (steal); a grant's page only its own lost channel.
   const steal = role === "writer" && (!grant || Boolean(offsets));
   const current = stored
-    ? connection.attach(stored, { ...size, steal, offsets, role })
+    ? connection.attach(stored, { ...size, steal, offsets, role, modes: true })
     : connection.open({ pty: true, ...size, term: "xterm-256color", detachable: true,
-      detachedTimeout: keep, target });
+      detachedTimeout: keep, target, modes: true });
   window.ttyserve.session = current;
   const started = (event) => {
     session = current;
@@ -138,6 +162,7 @@ function begin(connection, stored, resolve) {
     if (current.id && !grant) sessionStorage.setItem(STORED, current.id);
     body.dataset.session = "running";
     show("running");
+    connection.ping(); // the round trip, known before the first key
     while (queued.length) { // typed while there was none (never an observer's: dropped)
       const bytes = queued.shift();
       if (role === "writer") current.send(bytes);
@@ -150,14 +175,15 @@ function begin(connection, stored, resolve) {
     if (!offsets || at !== offsets.stdout) {
       // A fresh screen (a reload), or one that missed output: reset, restore the modes,
       // then the scrollback that follows is the screen.
-      term.write("\x1bc" + (event.detail.prologue ?? ""));
+      predictor.write("\x1bc" + (event.detail.prologue ?? ""));
     } // else exactly where it stopped: the screen simply goes on
     started(event);
   });
   current.addEventListener("output", (event) => {
     const data = event.detail.data;
-    term.write(data, () => current.consumed(data.length));
+    predictor.write(data, () => current.consumed(data.length));
   });
+  current.addEventListener("modes", (event) => predictor.modes(event.detail));
   current.addEventListener("audience", (event) => {
     watching = event.detail.observers;
     body.dataset.observers = String(watching);
@@ -167,6 +193,7 @@ function begin(connection, stored, resolve) {
     const exit = event.detail;
     if (!grant) sessionStorage.removeItem(STORED);
     session = held = null;
+    unknown();
     const attributes = { session: "ended", exitCode: String(exit.code) };
     if (exit.signal) attributes.signal = exit.signal;
     finish(exit.signal ? `[killed by signal ${exit.signal}]` : `[exited: code ${exit.code}]`,
@@ -192,6 +219,7 @@ function begin(connection, stored, resolve) {
   });
   current.addEventListener("detached", (event) => {
     session = null;
+    unknown();
     const reason = event.detail.reason;
     if (ENDED_BY[reason]) { // the grant ended: this page may watch no more
       finish(`[${ENDED_BY[reason]}]`, { session: reason });
@@ -209,6 +237,7 @@ function begin(connection, stored, resolve) {
       held = { id: current.id, ...current.offsets };
       session = null; // keys wait in the queue until it is back
     }
+    unknown(); // told again by the next channel's first `modes`
     resolve(after ? "lost-after" : "lost");
   });
 }
@@ -239,8 +268,20 @@ async function run() {
   }
 }
 
-term.onData((data) => type(encoder.encode(data)));
-term.onBinary((data) => type(Uint8Array.from(data, (c) => c.charCodeAt(0))));
+term.onData((data) => {
+  if (role === "writer") {
+    predictor.keyTyped(data);
+    const connection = window.ttyserve.connection;
+    if (session && performance.now() - (connection.lastPing ?? 0) > SAMPLE_EVERY) {
+      connection.ping();
+    }
+  }
+  type(encoder.encode(data));
+});
+term.onBinary((data) => {
+  predictor.keyTyped("\x1b"); // a mouse report: a key never predicted, which closes the run
+  type(Uint8Array.from(data, (c) => c.charCodeAt(0)));
+});
 term.onResize(({ rows, cols }) => { if (role === "writer") session?.resize(rows, cols); });
 new ResizeObserver(() => fit.fit()).observe(document.getElementById("terminal"));
 run();

@@ -14,14 +14,17 @@
 // goes on without this channel: {reason}), "refused" (the error that refused the open or
 // attach), "error" (a refused control message), "lost" (the connection ended before the
 // exit); section 11: "audience" ({observers}: to the writer, how many watch) and "skipped"
-// ({bytes, offsets}: an observer that fell behind goes on that much later). A `grant` (from
+// ({bytes, offsets}: an observer that fell behind goes on that much later); section 14:
+// "modes" (the terminal's state, {echo, canonical, alt_screen, input, offset}, for an `open` or
+// `attach` with `modes: true`), told in its place between the "output" events. A `grant` (from
 // `ttyserve share`) stands for the token: `welcome.grant` says the one session and the role
 // it may attach with (`attach(id, {role: "observer"})`). With `window`, output credit is
 // granted back by `consumed(n)` once the frontend has rendered n bytes, and stdin waits for
 // the server's credit. With `heartbeat` (seconds,
 // section 10) the connection pings when idle and counts itself lost after three heartbeats of
 // silence; a session's `offsets` (bytes received per stream) are what `attach` takes to go
-// on exactly where it stopped.
+// on exactly where it stopped. Connection "pong" ({ms}): the round trip of one of its pings
+// (`ping()`, or the heartbeat's), a measure of this connection's latency.
 
 export const SUBPROTOCOL = "ttyserve.v1";
 export const PROTOCOL = 1;
@@ -77,6 +80,8 @@ export class Connection extends EventTarget {
     this.sessions = new Map();
     this._nextChannel = 1;
     this._waiting = []; // frames sent before the socket opened
+    this._pings = []; // when each ping still unanswered was sent (pongs come in order)
+    this.lastPing = null; // when the last ping was sent (ms, performance.now())
     this.socket = new WebSocket(url, SUBPROTOCOL);
     this.socket.binaryType = "arraybuffer";
     const hello = { type: "hello", protocol: PROTOCOL, client, multiplex };
@@ -103,9 +108,10 @@ export class Connection extends EventTarget {
   /** Open a session (pipelined: no need to wait for `welcome`). A `detachable` one
    * outlives the connection: its "opened" event carries the id to `attach` with, and
    * `detachedTimeout` (seconds, up to the server's --detached-timeout) is how long it is kept
-   * without a client. `target` runs it on that target of a door (section 15). */
+   * without a client. `target` runs it on that target of a door (section 15). With
+   * `modes`, the session tells the terminal's state ("modes" events, section 14). */
   open({ argv, pty = true, rows, cols, term, env, cwd, detachable = false,
-         detachedTimeout, target } = {}) {
+         detachedTimeout, target, modes = false } = {}) {
     const request = { type: "open", pty };
     if (argv) request.argv = argv;
     if (rows) request.rows = rows;
@@ -116,19 +122,22 @@ export class Connection extends EventTarget {
     if (detachable) request.detachable = true;
     if (detachable && detachedTimeout) request.detached_timeout = detachedTimeout;
     if (target) request.target = target;
+    if (modes) request.modes = true;
     return this._begin(request);
   }
 
   /** Take over a detachable session: "attached", its scrollback as output, then live output,
    * then its exit. Refused ("refused") with no_such_session, or session_in_use unless `steal`.
-   * With `role: "observer"`, watch it instead: nothing sent reaches the process. */
-  attach(session, { rows, cols, steal = false, offsets, role } = {}) {
+   * With `role: "observer"`, watch it instead: nothing sent reaches the process. With
+   * `modes`, the terminal's state ("modes" events, section 14). */
+  attach(session, { rows, cols, steal = false, offsets, role, modes = false } = {}) {
     const request = { type: "attach", session };
     if (role) request.role = role;
     if (rows) request.rows = rows;
     if (cols) request.cols = cols;
     if (steal) request.steal = true;
     if (offsets) request.offsets = { stdout: offsets.stdout, stderr: offsets.stderr };
+    if (modes) request.modes = true;
     return this._begin(request);
   }
 
@@ -149,6 +158,11 @@ export class Connection extends EventTarget {
     this.socket.close(1000);
   }
 
+  /** Sends a `ping` (section 10): its answer comes as a "pong" event with the round trip. */
+  ping() {
+    this._control(0, { type: "ping" });
+  }
+
   _send(frame) {
     this._lastSent = Date.now();
     if (this.socket.readyState === WebSocket.CONNECTING) this._waiting.push(frame);
@@ -163,11 +177,15 @@ export class Connection extends EventTarget {
       this._closed({ code: 4000, reason: "no heartbeat", wasClean: false });
       this.socket.close(4000, "no heartbeat");
     } else if (now - this._lastSent >= interval) {
-      this._control(0, { type: "ping" });
+      this.ping();
     }
   }
 
   _control(channel, message) {
+    if (message.type === "ping" && channel === 0) {
+      this.lastPing = performance.now();
+      this._pings.push(this.lastPing);
+    }
     this._send(encodeFrame(Kind.CTRL_IN, channel, encoder.encode(JSON.stringify(message))));
   }
 
@@ -212,6 +230,11 @@ export class Connection extends EventTarget {
   _connectionMessage(message) {
     if (message.type === "ping") {
       this._control(0, { type: "pong" });
+    } else if (message.type === "pong") {
+      const sent = this._pings.shift();
+      if (sent !== undefined) {
+        this.dispatchEvent(new CustomEvent("pong", { detail: { ms: performance.now() - sent } }));
+      }
     } else if (message.type === "welcome") {
       this.welcome = message;
       for (const session of this.sessions.values()) session._welcome(message);
@@ -249,6 +272,7 @@ export class Session extends EventTarget {
     this.bytesReceived = 0; // output received, and output the frontend said it took:
     this.bytesConsumed = 0; // with a window, the difference never exceeds it
     this.offsets = { stdout: 0, stderr: 0 }; // per stream, since the session started
+    this.modes = null; // the last "modes" message (section 14), with `modes: true`
     this._opened = false;
     this._consumed = 0;
     // STDIN credit: unknown (0) until `welcome` on a windowed connection, else no limit.
@@ -359,6 +383,9 @@ export class Session extends EventTarget {
         this.offsets.stdout += message.bytes;
       }
       this.dispatchEvent(new CustomEvent("skipped", { detail: message }));
+    } else if (message.type === "modes") {
+      this.modes = message;
+      this.dispatchEvent(new CustomEvent("modes", { detail: message }));
     } else if (message.type === "audience") {
       this.dispatchEvent(new CustomEvent("audience", { detail: message }));
     } else if (message.type === "exit") {
