@@ -21,8 +21,8 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@ $(VENV)/.test-installed $(VENV)/.run-installed
 
-serve: $(VENV)/.run-installed
-	$(BIN)/ttyserve serve $(ARGS)
+serve: $(VENV)/.run-installed  # (make's own variables kept out of the sessions' environment)
+	env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS $(BIN)/ttyserve serve $(ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check ttyserve tests benchmarks scripts

@@ -35,3 +35,15 @@ connection.attach("id", { modes: true, role: "observer" });
 // @ts-expect-error: a verdict the protocol does not have
 const wrong: Modes["input"] = "shown";
 void wrong;
+
+// The predictor (predict.js), beside a terminal: its options and state are typed.
+import { type Cell, Predictor } from "../predict.js";
+
+const predictor = new Predictor({}, { mode: "auto", draw: (cells: Cell[]) => void cells });
+watched.addEventListener("modes", (event) => predictor.modes(event.detail));
+predictor.keyTyped("x");
+predictor.roundTrip(42);
+const on: boolean = predictor.state.predict === "on";
+void on;
+// @ts-expect-error: a mode the predictor does not have
+predictor.mode = "sometimes";

@@ -19,6 +19,7 @@ from helpers import start_server, token_file
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "js"
 STATIC = ROOT / "ttyserve" / "web" / "static" / "ttyserve.js"
+PREDICT = STATIC.with_name("predict.js")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("workers")]
 
 
@@ -59,7 +60,9 @@ def test_the_package_tests_packs_and_installs(short_dir: Path, tmp_path: Path) -
         names = set(packed.getnames())
         shipped = packed.extractfile("package/ttyserve.js")
         assert shipped is not None and shipped.read() == STATIC.read_bytes()
-    assert {"package/ttyserve.d.ts", "package/package.json"} <= names
+        predictor = packed.extractfile("package/predict.js")
+        assert predictor is not None and predictor.read() == PREDICT.read_bytes()
+    assert {"package/ttyserve.d.ts", "package/predict.d.ts", "package/package.json"} <= names
 
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -68,6 +71,9 @@ def test_the_package_tests_packs_and_installs(short_dir: Path, tmp_path: Path) -
     imported = run(["node", "-e", "import('ttyserve').then((m) => console.log("
                     "typeof m.Connection, typeof m.encodeFrame, m.SUBPROTOCOL))"], scratch)
     assert imported.stdout.split() == ["function", "function", "ttyserve.v1"]
+    predicting = run(["node", "-e", "import('ttyserve/predict').then((m) => console.log("
+                      "typeof m.Predictor, typeof m.decorations))"], scratch)
+    assert predicting.stdout.split() == ["function", "function"]
     (scratch / "use.ts").write_text(
         'import { Connection, type Exit } from "ttyserve";\n'
         'const session = new Connection("ws://h/ws", { token: "t" }).open({ pty: false });\n'

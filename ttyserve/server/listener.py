@@ -418,7 +418,9 @@ class Server:
                     ready = True
                 except (ssl.SSLError, OSError, anyio.BrokenResourceError,
                         anyio.EndOfStream) as exc:
-                    log.info("%s: TLS handshake failed: %s", peer, exc)
+                    log.info("%s: TLS handshake failed: %s", peer, exc or (
+                        "the client closed the connection during it (did it reject the "
+                        "certificate?)"))
                     return None
             if not ready or stream is None:
                 log.info("%s: no TLS handshake in time", peer)
