@@ -395,9 +395,32 @@ async def test_the_terminal_state_reaches_through_the_door(
                 event = await session.next_event()
                 assert event is not None
                 seen.append(event if isinstance(event, Modes) else event.data)
-        assert isinstance(seen[0], Modes) and seen[0].input == "echoed"
+        assert isinstance(seen[0], Modes)  # (echoed, or hidden: the far side may have run
+        # stty before the door's first look, which is then the state at offset 0)
         hidden = [i for i, e in enumerate(seen) if isinstance(e, Modes) and e.input == "hidden"]
         prompt = next(i for i, e in enumerate(seen) if isinstance(e, bytes) and b"Pass" in e)
         assert hidden and hidden[0] < prompt  # told before the prompt, through the door
         await session.send(b"hunter2\r")
         assert (await session.wait()).code == 0
+
+
+@pytest.mark.asyncio
+async def test_a_carrier_lost_between_open_and_opened_never_runs_the_command_twice(
+        start_door: Door, far: FarMaker, short_dir: Path) -> None:
+    import sys
+
+    web = far("web-1")
+    cutter = Path(__file__).with_name("cut_before_opened.py")
+    door = start_door(web.entry(persist=False, via=f"via:{sys.executable} {cutter}"))
+    ran = short_dir / "ran"
+    async with connect(door.addresses[0], multiplex=True) as conn:
+        with pytest.raises(RequestError) as lost:
+            await conn.spawn(["sh", "-c", f"echo once >> {ran}"], pty=False, target="web-1")
+    assert lost.value.code == ErrorCode.TARGET_UNREACHABLE and lost.value.retriable
+    assert "may have started" in str(lost.value)
+    with anyio.fail_after(20):
+        while not ran.exists():
+            await anyio.sleep(0.02)  # (the far side ran it before it answered)
+    assert ran.read_text() == "once\n"  # once, not again over a new carrier
+    refused = [r for r in records(short_dir) if r["event"] == "session.refused"]
+    assert [(r["target"], r["code"]) for r in refused] == [("web-1", "target_unreachable")]

@@ -443,6 +443,8 @@ class PtyProcess(LocalProcess):
 
     def terminal_flags(self) -> tuple[bool, bool] | None:
         """Read from the master: on Linux it answers for the terminal's line discipline."""
+        if self._closed:  # (its number may be another terminal's by now)
+            return None
         try:
             flags = termios.tcgetattr(self._master)[3]
         except (OSError, termios.error):

@@ -234,6 +234,7 @@ class ConnectionHandler:
 
     def send_modes(self, channel: int, modes: Modes) -> None:
         self.output.modes(channel, modes)
+        self.flush()  # (told from another connection's turn, or a hop's: not left waiting)
 
     def stdin_consumed(self, channel: int, size: int, soon: bool = False) -> None:
         self.core.stdin_consumed(channel, size)

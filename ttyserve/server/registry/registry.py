@@ -56,6 +56,7 @@ from ..sessions.sinks import Sink
 from ..sessions.typing_first import Typing
 from ..settings import ServerSettings
 from ..targets.hosts import TargetHosts
+from ..targets.process import RemoteProcess
 from ..tasks import Tasks, open_tasks
 from .handing_over import HandingOver
 from .idempotency import IdempotencyKeys
@@ -145,10 +146,12 @@ class SessionRegistry:
     def spec_for(self, request: Open, session_id: str | None = None) -> ProcessSpec:
         """What to run for an `open`: its members, the server's defaults where it has none
         (and the session's id, which names its cgroup)."""
+        here = request.target is None  # (a target's defaults are the far side's own)
         return ProcessSpec(
-            argv=list(request.argv) or list(self._default_argv), pty=request.pty,
-            rows=request.rows, cols=request.cols, term=request.term, env=dict(request.env),
-            cwd=request.cwd or self.settings.default_cwd, name=session_id,
+            argv=list(request.argv) or (list(self._default_argv) if here else []),
+            pty=request.pty, rows=request.rows, cols=request.cols, term=request.term,
+            env=dict(request.env), cwd=request.cwd or (self.settings.default_cwd if here
+                                                        else None), name=session_id,
             target=request.target, detachable=request.detachable,
             detached_timeout=request.detached_timeout or self.settings.detached_timeout)
 
@@ -192,12 +195,15 @@ class SessionRegistry:
                     SessionEnd(id=session_id, at=journal.now(), reason=Reason.SPAWN_FAILED,
                                errno=failure, principal=owner, target=spec.target)))
                 raise _spawn_failed(exc, peer) from exc
-            except RequestError as exc:  # a target's: unreachable, or its refusal
+            except RequestError as exc:  # a target's: unreachable, or the far side's refusal
                 code = str(exc.code)
-                await self.ends.record(lambda journal: journal.append(SessionRefused(
-                    id=session_id, at=journal.now(), principal=owner, target=spec.target,
-                    code=code)))
+                if exc.code in (ErrorCode.TARGET_UNREACHABLE, ErrorCode.NO_SUCH_TARGET):
+                    await self.ends.record(lambda journal: journal.append(SessionRefused(
+                        id=session_id, at=journal.now(), principal=owner,
+                        target=spec.target, code=code)))
                 raise
+            if isinstance(process, RemoteProcess):  # what runs there, as the far side said
+                spec = process.spec
             session = self._session(session_id, process, spec, owner, peer,
                                     request.detachable, request.detached_timeout)
             session.key = request.idempotency_key

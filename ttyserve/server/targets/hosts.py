@@ -38,6 +38,7 @@ class TargetPlace:
         self.state: TargetState = IDLE
         self.sessions: set[RemoteProcess] = set()
         self._starting: anyio.Event | None = None
+        self._failure: RequestError | None = None  # how the last start failed
         self._idle: anyio.CancelScope | None = None
 
     @property
@@ -52,22 +53,24 @@ class TargetPlace:
         try:
             await process.start()
         except BaseException:
-            process.ended = True
-            process.release()
+            process.abandon()
             raise
         return process
 
     async def connect(self) -> TargetLink:
-        """The carrier connection, started if none is up; RequestError target_unreachable."""
-        while True:
-            link = self.link
-            if link is not None and not link.over and link.welcomed.is_set():
-                return link
-            if self._starting is not None:
-                await self._starting.wait()
-                continue
-            break
+        """The carrier connection, started if none is up; RequestError target_unreachable
+        (those that waited for a start that failed get its answer, not a start each)."""
+        waited = False
+        while (starting := self._starting) is not None:
+            waited = True
+            await starting.wait()
+        link = self.link
+        if link is not None and not link.over and link.welcomed.is_set():
+            return link
+        if waited and self._failure is not None:
+            raise self._failure
         self._starting = starting = anyio.Event()
+        self._failure = None
         link = self.link = TargetLink(self.target, self.hosts.window, self._over)
         try:
             self.hosts.start_soon(link.run, self.hosts.task_group)
@@ -75,9 +78,9 @@ class TargetPlace:
             with anyio.move_on_after(timeout):
                 await link.welcomed.wait()
             if not link.welcomed.is_set():
-                link.close()
+                stderr = f"; its stderr: {link.last_stderr}" if link.last_stderr else ""
                 raise self.unreachable(f"no welcome within {timeout:g} s (the handshake "
-                                       "timeout)", retriable=True)
+                                       f"timeout){stderr}", retriable=True)
             if link.failure is not None or link.over:
                 failure = link.failure
                 raise self.unreachable(
@@ -85,10 +88,14 @@ class TargetPlace:
                     retriable=failure.retriable is not False if failure is not None else True)
             self.state = CONNECTED
             return link
-        except RequestError:
-            self.state = UNREACHABLE
-            if self.link is link:
-                self.link = None
+        except BaseException as exc:  # (a cancelled open too: its half-started carrier ends)
+            if not link.welcomed_at_start:
+                link.close()
+                if self.link is link:
+                    self.link = None
+            if isinstance(exc, RequestError):
+                self.state = UNREACHABLE
+                self._failure = exc
             raise
         finally:
             self._starting = None
@@ -141,18 +148,27 @@ class TargetHosts:
         self.handshake_timeout = handshake_timeout
         self.places: dict[str, TargetPlace] = {}
         self.task_group: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._retired: list[TargetPlace] = []  # changed targets' places, for their sessions
         self.replace(targets)
 
     def replace(self, targets: TargetsFile) -> None:
         """A new reading of the file (SIGHUP): new targets are added, removed ones refuse
-        new sessions, and running sessions keep what they were started with."""
+        new sessions, and running sessions keep what they were started with (a changed
+        target's old place stays theirs, carrier and all, for their resumes, until they
+        end)."""
         self.file = targets
+        self._retired = [place for place in self._retired
+                         if place.sessions or place.link is not None]
         for target in targets:
             place = self.places.get(target.name)
-            if place is None:
+            if place is None or place.target != target:
+                if place is not None:
+                    self._retired.append(place)
                 self.places[target.name] = TargetPlace(self, target)
-            else:
-                place.target = target  # (its next carrier connection uses the new settings)
+
+    def _all(self) -> list[TargetPlace]:
+        return [*self.places.values(), *self._retired]
 
     def place(self, name: str) -> TargetPlace | None:
         """The target named so, while the file names it."""
@@ -166,13 +182,16 @@ class TargetHosts:
                 if may_open(target.name, target.labels)]
 
     def start_soon(self, work: Callable[..., Awaitable[Any]], *args: object) -> None:
+        """Run ``work`` beside the carrier connections (nothing once they are closing)."""
+        if self._closing:
+            return
         assert self.task_group is not None, "TargetHosts.running() is not entered"
         self.task_group.start_soon(work, *args)  # type: ignore[arg-type]
 
     async def close_all(self) -> None:
         """Close every carrier connection and wait until each carrier is reaped (an upgrade
         in place: the new code would not know them)."""
-        links = [place.link for place in self.places.values() if place.link is not None]
+        links = [place.link for place in self._all() if place.link is not None]
         for link in links:
             link.close()
         for link in links:
@@ -186,8 +205,9 @@ class TargetHosts:
             try:
                 yield self
             finally:
-                for place in self.places.values():
+                self._closing = True
+                for place in self._all():
                     if place.link is not None:
                         place.link.close()
                 group.cancel_scope.cancel()
-                self.task_group = None
+        self.task_group = None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 
 from ...backends.carrier import run_carrier
 from ...defaults import CLIENT_NAME, CLIENT_RECEIVE
@@ -74,7 +75,7 @@ class TargetLink:
         self._on_over = on_over
         self._scope = anyio.CancelScope()
 
-    async def run(self, task_group: Any) -> None:
+    async def run(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start the carrier, speak the protocol over it until it ends or `close`; then
         each session it carried learns so."""
         target = self.target
@@ -92,21 +93,30 @@ class TargetLink:
                     finally:
                         carrier.welcomed = self.welcomed_at_start
                         self.outbox.abort()
+                        if self.welcomed_at_start:  # (its sessions resume now, not once
+                            self._end_sessions()  # the carrier has had its grace to end)
                     if not self.welcomed_at_start:
                         failure = await carrier.failure()
                         self._failed(failure.failure, failure.explanation, failure.retriable)
         except CarrierError as exc:
             self._failed(exc.failure, exc.explanation, exc.retriable)
-        except OSError as exc:  # this machine could not start it
-            self._failed("no_resources", exc.strerror or str(exc), True)
+        except OSError as exc:  # this machine could not start it (crashed: retriable)
+            self._failed("crashed", f"the carrier could not be started: {exc.strerror or exc}",
+                         True)
         finally:
-            self.over = True
+            self._end_sessions()
             self.welcomed.set()
-            processes, self.processes = self.processes, {}
-            self._on_over(self)
-            for process in processes.values():
-                process.lost()
             self.ended.set()
+
+    def _end_sessions(self) -> None:
+        """The connection is over: each session it carried learns so (once)."""
+        if self.over:
+            return
+        self.over = True
+        processes, self.processes = self.processes, {}
+        self._on_over(self)
+        for process in processes.values():
+            process.lost()
 
     def close(self) -> None:
         """End the carrier (its stdin closed: the far side lets go of its sessions)."""
@@ -142,6 +152,8 @@ class TargetLink:
             log.error("target %s: %s", self.target.name, exc)
         except _GONE:
             pass
+        except Exception:  # a fault of ours ends this connection, not the worker
+            log.exception("target %s: the connection failed", self.target.name)
 
     def _dispatch(self, event: ClientEvent) -> None:
         to_process = _TO_PROCESS.get(type(event))

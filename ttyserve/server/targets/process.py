@@ -15,6 +15,7 @@ drops, the process attaches to it again over a new one at the offsets it holds (
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import signal
 from typing import TYPE_CHECKING, get_args
@@ -136,6 +137,9 @@ class RemoteProcess(Uncontained):
         self._flags: tuple[bool, bool] | None = None
         self._flag_changes: collections.deque[tuple[int, tuple[bool, bool]]] = (
             collections.deque())
+        self._accepted = False  # the last open or attach was answered `opened`/`attached`
+        self._signal: Signal | None = None  # sent once a resume has attached again
+        self._carried = 0  # output of an earlier channel still held: no credit for it
 
     # --- the session adapter's side ----------------------------------------------------
 
@@ -146,30 +150,37 @@ class RemoteProcess(Uncontained):
         request = Open(argv=spec.argv, pty=spec.pty, rows=spec.rows, cols=spec.cols,
                        term=spec.term, env=spec.env, cwd=spec.cwd, detachable=spec.detachable,
                        modes=spec.pty)
-        while True:
-            link = await self.place.connect()
-            if await self._ask(link, request):
-                return
-            refusal = self._refusal
-            if refusal is None:  # the carrier failed before the answer: once more, on a new one
-                if link.welcomed_at_start:
-                    continue
-                raise self.place.unreachable("its carrier connection ended before the "
-                                             "session was opened")
-            if refusal.code == ErrorCode.SPAWN_FAILED:
-                raise SpawnError(refusal.errno or 0, refusal.message)
-            raise RequestError(refusal.code, f"target {self.place.name}: {refusal.message}",
-                               errno=refusal.errno, retry_after_ms=refusal.retry_after_ms,
-                               retriable=refusal.retriable)
+        link = await self.place.connect()
+        if await self._ask(link, request):
+            if link.over and not self.ended:  # (lost right after `opened`: resumed, or
+                self.lost()  # ended, as any)
+            return
+        refusal = self._refusal
+        if refusal is None:  # never sent again: the far side may have started it
+            raise self.place.unreachable("its carrier connection ended before the session "
+                                         "was opened; it may have started there")
+        if refusal.code == ErrorCode.SPAWN_FAILED:
+            raise SpawnError(refusal.errno or 0, refusal.message)
+        raise RequestError(refusal.code, f"target {self.place.name}: {refusal.message}",
+                           errno=refusal.errno, retry_after_ms=refusal.retry_after_ms,
+                           retriable=refusal.retriable)
 
     async def _ask(self, link: TargetLink, request: Open | Attach) -> bool:
         """Send an open or an attach on a new channel of ``link`` and wait for its answer:
         whether it was opened (else `_refusal` says why, or is None: the link ended)."""
-        self._answer, self._refusal = anyio.Event(), None
+        self._answer, self._refusal, self._accepted = anyio.Event(), None, False
         self.link, self.channel = link, link.begin(self, request)
         await self._answer.wait()
         self._answer = None
-        return self.link is link and self._refusal is None and not link.over
+        return self._accepted  # (its exit may have come with it: a command over at once)
+
+    def abandon(self) -> None:
+        """The open was given up (its client went): the far side cancels it, if it began."""
+        link = self.link
+        if link is not None and not link.over and link.core.live(self.channel):
+            link.send(link.core.cancel(self.channel))
+        self.ended = True
+        self.release()
 
     def write_nowait(self, data: bytes) -> int:
         if self.ended:
@@ -206,16 +217,21 @@ class RemoteProcess(Uncontained):
     def send_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name.removeprefix("SIG")
         if name in SIGNAL_NAMES:
-            self._control(Signal(name=name))  # type: ignore[arg-type]
+            self._signal_far(Signal(name=name))  # type: ignore[arg-type]
 
     def hang_up(self) -> bool:
         if self.ended:
             return False
-        self._control(Signal(name="HUP"))
+        self._signal_far(Signal(name="HUP"))
         return True
 
     def kill(self) -> None:
-        self._control(Signal(name="KILL"))
+        self._signal_far(Signal(name="KILL"))
+
+    def _signal_far(self, message: Signal) -> None:
+        """Sent now, or (the carrier being replaced) once the session is attached again."""
+        if not self.ended and not self._control(message):
+            self._signal = message
 
     def watch_exit(self, reaped: Callable[[Exit], None]) -> Watch | None:
         return None
@@ -223,10 +239,15 @@ class RemoteProcess(Uncontained):
     def terminal_flags(self) -> tuple[bool, bool] | None:
         """The far terminal's flags as of the output the session took (all it was told, once
         none is left to take: a change with no output after it)."""
+        self._settle_flags()
+        return self._flags
+
+    def _settle_flags(self) -> None:
+        """The changes that hold from output already taken apply (what is left: changes for
+        the output held, at most a window's)."""
         changes, taken = self._flag_changes, self.offsets[FrameKind.STDOUT] - self.stdout.size
         while changes and (changes[0][0] < taken or not self.stdout.size):
             self._flags = changes.popleft()[1]
-        return self._flags
 
     async def wait(self) -> Exit:
         await self._done.wait()
@@ -246,6 +267,7 @@ class RemoteProcess(Uncontained):
         link, self.link = self.link, None
         if link is not None:
             link.forget(self.channel)
+        self._answered()  # (an attach of a resume under way learns so)
         self.place.session_ended(self)
 
     # --- the link's side -------------------------------------------------------------
@@ -253,6 +275,9 @@ class RemoteProcess(Uncontained):
     def opened(self, opened: Opened) -> None:
         self.pid = opened.pid
         self.far_session = opened.session
+        if opened.argv:  # what runs there (the far side's default when none was asked)
+            self.spec = dataclasses.replace(self.spec, argv=opened.argv)
+        self._accepted = True
         self._answered()
 
     def attached(self, attached: Attached) -> None:
@@ -262,6 +287,8 @@ class RemoteProcess(Uncontained):
                 self.offsets[FrameKind.STDOUT], self.offsets[FrameKind.STDERR]):
             log.warning("target %s: session %s resumed at %s, not where it was (%s)",
                         self.place.name, self.far_session, far, self.offsets)
+        self._accepted = True
+        self._carried = self.stdout.size + (self.stderr.size if self.stderr is not None else 0)
         self._answered()
 
     def refused(self, error: Error) -> None:
@@ -284,6 +311,7 @@ class RemoteProcess(Uncontained):
     def modes(self, modes: Modes) -> None:
         """The far side told its terminal's state, holding from its STDOUT ``offset``."""
         self._flag_changes.append((modes.offset, (modes.echo, modes.canonical)))
+        self._settle_flags()
 
     def lost(self) -> None:
         """The carrier connection ended under the session: resumed over a new one where its
@@ -300,11 +328,16 @@ class RemoteProcess(Uncontained):
         self.place.start_soon(self._resume)
 
     def consumed(self, size: int) -> None:
-        """The pump took ``size`` bytes: the far side may send as much again."""
+        """The pump took ``size`` bytes: the far side may send as much again (not for what
+        came on an earlier channel, whose credit went with it)."""
+        carried = min(size, self._carried)
+        self._carried -= carried
+        size -= carried
         link = self.link
-        if link is not None and not link.over and not self.ended and (
+        if size and link is not None and not link.over and not self.ended and (
                 frame := link.core.output_consumed(self.channel, size)):
             link.send(frame)
+        self._settle_flags()
         self._check_taken()
 
     # --- inside ------------------------------------------------------------------------
@@ -324,6 +357,8 @@ class RemoteProcess(Uncontained):
                 await anyio.sleep(wait)
                 wait = min(wait * 2, RESUME_LONGEST_WAIT)
                 continue
+            if self.ended:  # (given up meanwhile: aclose, a kill)
+                return
             assert self.far_session is not None
             rows, cols = self._size
             request = Attach(session=self.far_session, rows=rows, cols=cols, steal=True,
@@ -333,7 +368,16 @@ class RemoteProcess(Uncontained):
             if await self._ask(link, request):
                 if self._eof_pending:
                     self._eof_pending = not self._control(Eof())
+                if (pending := self._signal) is not None:
+                    self._signal = None
+                    self._control(pending)
+                if link.over and not self.ended:
+                    self.lost()
                 self._wake()
+                return
+            if self.ended:
+                if link.core.live(self.channel):
+                    link.send(link.core.cancel(self.channel))
                 return
             if self._refusal is not None:
                 log.warning("target %s: session %s could not be attached again: %s",
@@ -360,6 +404,7 @@ class RemoteProcess(Uncontained):
             return
         self.ended = True
         self._far_exit = status
+        self._answered()
         self.stdout.end()
         if self.stderr is not None:
             self.stderr.end()
