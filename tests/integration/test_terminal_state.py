@@ -235,3 +235,34 @@ async def test_a_recording_never_holds_input_read_unseen(
     typed = "".join(e[2] for e in events if e[1] == "i")
     assert "hunter2" not in typed and "visible" in typed  # (its output says it: got:...)
     assert [e[2] for e in events if e[1] == "m"] == ["input hidden"]
+
+
+# Each program, and what its prompt's verdict is: told before the prompt itself.
+PROGRAMS = {
+    "cat": (["sh", "-c", "printf 'cat> '; exec cat"], b"cat> ", "echoed", False),
+    "readline": ([BASH, "--norc", "-c", "read -e -p 'rl> ' x"], b"rl> ", "application", False),
+    "getpass": (["python3", "-c", "import getpass; getpass.getpass('gp> ')"], b"gp> ",
+                "hidden", False),
+    "read -s": ([BASH, "--norc", "-c", "read -s -p 'rs> ' x"], b"rs> ", "hidden", False),
+    "sudo -S": (["sh", "-c", "stty -echo; printf 'su> '; read x"], b"su> ", "hidden", False),
+    "alt screen": (["sh", "-c", r"printf '\033[?1049hal> '; read x"], b"al> ", "echoed", True),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["unix", "ws"])
+@pytest.mark.parametrize("program", list(PROGRAMS))
+async def test_each_program_s_verdict_comes_before_its_prompt(
+        server: ServerProcess, program: str, transport: str) -> None:
+    argv, prompt, verdict, alt_screen = PROGRAMS[program]
+    address = server.addresses[0 if transport == "unix" else 1]
+    async with connect(address, token=TOKEN, multiplex=True) as conn:
+        session = await conn.spawn(argv, modes=True)
+        found = await events_until(session, prompt)
+        told = [e for e in found if isinstance(e, Modes)]
+        at = next(i for i, e in enumerate(found) if isinstance(e, bytes) and prompt in b"".join(
+            x for x in found[:i + 1] if isinstance(x, bytes)))
+        before = [e for e in found[:at] if isinstance(e, Modes)]
+        assert before and (before[-1].input, before[-1].alt_screen) == (verdict, alt_screen), (
+            program, told)
+        await session.cancel()
