@@ -23,7 +23,8 @@ async def test_target_in_the_fragment_opens_the_session_there(short_dir: Path) -
             await browser.navigate(server.browse[0] + "&target=web-1")
             await browser.wait_for("document.body.dataset.session === 'running'")
             await run_line(browser, "echo where=$WHERE")
-            await screen_has(browser, r"(?m)^where=web-1\s*$")
+            await screen_has(browser, r"(?m)^(\$ )?where=web-1\s*$")  # (typed before the
+            # shell's first prompt, the line comes after it)
             token = server.browse[0].split("#token=", 1)[1]
             async with connect(server.addresses[0], token=token, multiplex=True) as conn:
                 (info,) = await conn.list_sessions()

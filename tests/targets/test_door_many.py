@@ -33,18 +33,18 @@ async def test_100_sessions_on_3_targets_survive_a_killed_carrier(
     fars = [far(f"t{n}") for n in range(3)]
     door = start_door("".join(f.entry() for f in fars))
     results: dict[int, tuple[bytes, int]] = {}
-    started = anyio.Event()
-    running = 0
+    started = anyio.Event()  # every session opened (a carrier lost under an open in flight
+    opened = 0  # is target_unreachable: test_door's), and output flowing
 
     async def run(conn: object, index: int) -> None:
-        nonlocal running
+        nonlocal opened
         session = await conn.spawn(  # type: ignore[attr-defined]
             ["sh", "-c", script(index)], pty=False, target=f"t{index % 3}", detachable=True)
+        opened += 1
         out = b""
         async for chunk in session:
             out += chunk.data
-            if not running and out.count(b"\n") >= 20:
-                running += 1
+            if opened == SESSIONS and out.count(b"\n") >= 5:
                 started.set()
         results[index] = (out, (await session.wait()).code)
 
