@@ -49,6 +49,7 @@ def test_every_example_of_the_readme_runs_as_written(short_dir: Path) -> None:
                                      capture_output=True, text=True,
                                      env={**_environ(), **environ})
                 assert ran.returncode == 0 and ran.stdout, (text, ran.stdout, ran.stderr)
+        assert not IN_PROCESS[0].exists()  # the in-process server's socket file, removed
     finally:
         server.stop()
         for made in IN_PROCESS:  # (what the in-process server's example bound)

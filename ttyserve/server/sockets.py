@@ -6,6 +6,7 @@ import contextlib
 import os
 import socket
 import stat
+from collections.abc import Iterator
 
 from ..addresses import Address
 from ..errors import ListenError
@@ -136,4 +137,20 @@ def remove_socket_file(address: Address) -> None:
             os.unlink(address.path)
 
 
-__all__ = ["SocketLease", "open_listeners", "remove_socket_file"]
+@contextlib.contextmanager
+def listening(addresses: list[Address]) -> Iterator[list[tuple[Address, socket.socket]]]:
+    """`open_listeners` for a program that serves in process: on the way out the sockets
+    are closed, the Unix ones' files removed and their leases released, as `serve` does."""
+    leases: list[SocketLease] = []
+    listeners = open_listeners(addresses, leases)
+    try:
+        yield listeners
+    finally:
+        for address, sock in listeners:
+            sock.close()
+            remove_socket_file(address)
+        for lease in leases:
+            lease.release()
+
+
+__all__ = ["SocketLease", "listening", "open_listeners", "remove_socket_file"]
