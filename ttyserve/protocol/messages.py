@@ -29,7 +29,9 @@ OBSERVER: Role = "observer"
 AttachRole = Literal["writer", "observer", "stream", "input"]
 STREAM: AttachRole = "stream"
 INPUT: AttachRole = "input"
-TargetName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+# A principal's, a target's or a label's name (the principals and targets files, `open`).
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+TargetName = Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]
 ChannelCredit = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 HeartbeatSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT)]  # section 10
 Offset = Annotated[int, msgspec.Meta(ge=0)]

@@ -21,9 +21,9 @@ from typing import TypeVar
 import msgspec
 
 from ..errors import ConfigError
+from ..protocol.messages import NAME_PATTERN
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a principal's or a target's name
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME = re.compile(NAME_PATTERN)  # a principal's, a target's or a label's name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 Shape = TypeVar("Shape", bound=msgspec.Struct)
 
@@ -55,7 +55,7 @@ def selector(text: str) -> Selector:
     """``text`` as a selector; ValueError saying why it is not one."""
     label, equals, value = text.partition("=")
     if equals:
-        if not _LABEL.fullmatch(label) or not value or "=" in value:
+        if not NAME.fullmatch(label) or not value or "=" in value:
             raise ValueError(f"{text!r} is not label=value")
     elif not text or not re.fullmatch(r"[A-Za-z0-9._*?\[\]!-]+", text):
         raise ValueError(f"{text!r} is not a target name or glob")

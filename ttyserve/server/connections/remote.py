@@ -142,10 +142,9 @@ class WorkerRequests(SessionRequests):
         """`targets` as every worker sees them: each keeps carrier connections of its own,
         so a target is connected while any worker's connection to it is up, and unreachable
         when one's last try failed and none is connected."""
-        hosts = handler.registry.targets
-        if hosts is None:
+        if handler.registry.targets is None:
             return super().targets_requested(handler, event)
-        here = hosts.listing(functools.partial(handler.gate.may_open, handler.principal))
+        here = self.targets_here(handler)
 
         async def listing() -> None:
             states = {target.name: {target.state} for target in here}

@@ -23,6 +23,7 @@ from ...protocol.messages import (
     Opened,
     Sessions,
     Shared,
+    TargetInfo,
     Targets,
     Unshared,
 )
@@ -89,11 +90,15 @@ class SessionRequests:
     def targets_requested(self, handler: ConnectionHandler,
                           event: TargetsRequested) -> Later | None:
         """`targets`: those this principal may open, and how each is reached now."""
-        hosts = handler.registry.targets
-        found = [] if hosts is None else hosts.listing(
-            functools.partial(handler.gate.may_open, handler.principal))
-        handler.core.answer(Targets(targets=found))
+        handler.core.answer(Targets(targets=self.targets_here(handler)))
         return None
+
+    @staticmethod
+    def targets_here(handler: ConnectionHandler) -> list[TargetInfo]:
+        """The targets the connection's principal may open, as this process sees them."""
+        hosts = handler.registry.targets
+        return [] if hosts is None else hosts.listing(
+            functools.partial(handler.gate.may_open, handler.principal))
 
     @staticmethod
     def _may_open(handler: ConnectionHandler, name: str) -> bool:

@@ -17,8 +17,6 @@ from ...defaults import DEFAULT_REMOTE_COMMAND
 from ...errors import AddressError, ConfigError
 from ..principals import NAME, read_toml
 
-LABEL = NAME  # a label's name: as a target's
-
 
 class _Entry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     via: str
@@ -45,9 +43,8 @@ class Target:
 class TargetsFile:
     """The targets of one reading of the file, by name."""
 
-    def __init__(self, targets: list[Target], source: str = "") -> None:
+    def __init__(self, targets: list[Target]) -> None:
         self.by_name = {target.name: target for target in targets}
-        self.source = source
 
     def __iter__(self) -> Iterator[Target]:
         return iter(self.by_name.values())
@@ -76,11 +73,11 @@ def load_targets(path: str) -> TargetsFile:
             raise ConfigError(f"{where}: target {name!r}: via {entry.via!r} is not reached "
                               "through a carrier (ssh://HOST or via:COMMAND)")
         for label, value in entry.labels.items():
-            if not LABEL.fullmatch(label) or not value or "=" in value:
+            if not NAME.fullmatch(label) or not value or "=" in value:
                 raise ConfigError(f"{where}: target {name!r}: label {label!r} = {value!r}: "
                                   "a label is a name and a value without '='")
         if not entry.remote_command.strip():
             raise ConfigError(f"{where}: target {name!r}: remote_command is empty")
         found.append(Target(name, address, dict(entry.labels), entry.remote_command,
                             entry.persist))
-    return TargetsFile(found, path)
+    return TargetsFile(found)
