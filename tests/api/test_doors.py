@@ -4,6 +4,7 @@ followed over HTTP, and one nobody comes back for is hung up by its detached tim
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,13 @@ async def test_a_session_started_over_http_is_every_doors(short_dir: Path, worke
             output = b"".join([chunk.data async for chunk in attached])
             assert output == b"from-http\ngot-library\n"
             assert attached.status is not None and attached.status.code == 0
-        # The library's writer read the exit and released it (section 10): gone for all.
-        gone = request(api, "GET", f"/sessions/{session}")
-        assert (gone.status, gone.json()["error"]["code"]) == (404, "no_such_session")
+        # The library's writer read the exit and released it (section 10): gone for all,
+        # once the release it sends after reading has reached the server.
+        deadline = time.monotonic() + 20
+        while (gone := request(api, "GET", f"/sessions/{session}")).status != 404:
+            assert time.monotonic() < deadline, gone.body
+            time.sleep(0.02)
+        assert gone.json()["error"]["code"] == "no_such_session"
     finally:
         api.server.stop()
     records = [r for r in read_file(str(journal)).records if getattr(r, "id", None) == session]

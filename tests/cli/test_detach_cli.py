@@ -153,6 +153,7 @@ def test_a_closed_terminal_detaches_and_types_nothing(
     else:
         tmux.start("client", command("exec", "--connect", address, "--detachable", "-t",
                                      "--env", "PS1=remote$ ", "--", "sh") + f" 2>{stderr}")
+        tmux.expect("client", r"remote\$ ")  # (opened: the session is listed from now on)
         (info,) = live_sessions(address)
         session_id = str(info["session"])
     tmux.keys("client", "echo typed-$((6*7))", "Enter")

@@ -73,8 +73,8 @@ async def test_a_hidden_prompt_is_told_before_it_and_the_echo_back_after(
     async with connect(server.addresses[0], token=TOKEN, multiplex=True) as conn:
         session = await conn.spawn(["sh", "-c", SUDO_LIKE], modes=True)
         found = await events_until(session, b"Password: ")
-        first = found[0]
-        assert isinstance(first, Modes) and (first.input, first.offset) == ("echoed", 0)
+        first = found[0]  # (echoed, or hidden: stty may have run before the server's first look)
+        assert isinstance(first, Modes) and first.offset == 0
         hidden = next(e for e in found if isinstance(e, Modes) and e.input == "hidden")
         assert (hidden.echo, hidden.canonical) == (False, True)
         prompt = found.index(hidden) + 1  # the prompt comes after the `hidden`, never before

@@ -21,7 +21,13 @@ import anyio.abc
 
 from ...backends.carrier import run_carrier
 from ...defaults import CLIENT_NAME, CLIENT_RECEIVE
-from ...errors import CarrierError, LocalProtocolError, RemoteProtocolError
+from ...errors import (
+    CARRIER_FAILURES,
+    CarrierError,
+    CarrierFailure,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from ...protocol.client import (
     AttachedReceived,
     ClientConnection,
@@ -101,8 +107,8 @@ class TargetLink:
         except CarrierError as exc:
             self._failed(exc.failure, exc.explanation, exc.retriable)
         except OSError as exc:  # this machine could not start it (crashed: retriable)
-            self._failed("crashed", f"the carrier could not be started: {exc.strerror or exc}",
-                         True)
+            self._failed(CarrierFailure.CRASHED, "the carrier could not be started: "
+                         f"{exc.strerror or exc}", CARRIER_FAILURES[CarrierFailure.CRASHED][0])
         finally:
             self._end_sessions()
             self.welcomed.set()
